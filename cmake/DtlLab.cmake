@@ -1,0 +1,87 @@
+# dtl_add_lab: one call registers everything a lab needs.
+#
+#   dtl_add_lab(NUMBER 02 SLUG data_parallel
+#               SOURCES data_parallel.cpp          # student-edited files; same names in solutions/
+#               TESTS tests/data_parallel_test.cpp # public tests (labs/NN_slug/tests)
+#               [GRADING_TESTS ...]                 # default: grading/NN_slug/*_test.cpp
+#               [BENCH bench.cpp] [MAIN main.cpp]
+#               [WORLD_SIZES 1 2 3 4] [DEPENDS dtl_lab01_reference ...] [TIMEOUT 300])
+#
+# Builds, from labs/NN_slug and solutions/NN_slug:
+#   dtl_labNN_student, dtl_labNN_reference   libraries (interface header in labs/NN_slug)
+#   labNN_test_student / _reference          public tests: compiled once (OBJECT), linked twice
+#   labNN_grade_student / _reference         grading tests, likewise
+#   labNN_bench_student / _reference         Google Benchmark of the lab's workload
+#   labNN_run_student / _reference           the demo (./lab run NN)
+# and ctest entries labNN.{student,reference}.nN with labels labNN, student|reference.
+# Only the reference entries run by default in `./lab test`; students run their own with
+# `./lab test NN` (the student label).
+function(dtl_add_lab)
+  cmake_parse_arguments(L "" "NUMBER;SLUG;BENCH;MAIN;TIMEOUT"
+                        "SOURCES;TESTS;GRADING_TESTS;WORLD_SIZES;DEPENDS" ${ARGN})
+  set(lab lab${L_NUMBER})
+  set(name ${L_NUMBER}_${L_SLUG})
+  set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${name})
+  set(sol_dir ${PROJECT_SOURCE_DIR}/solutions/${name})
+  if(NOT L_WORLD_SIZES)
+    set(L_WORLD_SIZES 1 2 3 4)
+  endif()
+  if(NOT L_TIMEOUT)
+    set(L_TIMEOUT 300)
+  endif()
+  if(NOT L_GRADING_TESTS)
+    file(GLOB L_GRADING_TESTS ${PROJECT_SOURCE_DIR}/grading/${name}/*_test.cpp)
+  endif()
+
+  foreach(side student reference)
+    if(side STREQUAL "student")
+      set(dir ${lab_dir})
+    else()
+      set(dir ${sol_dir})
+    endif()
+    set(srcs)
+    foreach(s IN LISTS L_SOURCES)
+      list(APPEND srcs ${dir}/${s})
+    endforeach()
+    add_library(dtl_${lab}_${side} STATIC ${srcs})
+    target_include_directories(dtl_${lab}_${side} PUBLIC ${lab_dir})
+    target_link_libraries(dtl_${lab}_${side} PUBLIC dtl_common ${L_DEPENDS})
+    dtl_use_torch(dtl_${lab}_${side})
+  endforeach()
+
+  # Compile each kind of driver once, link it against both sides.
+  macro(_dtl_lab_exe kind sources main_lib)
+    add_library(${lab}_${kind}_obj OBJECT ${sources})
+    target_link_libraries(${lab}_${kind}_obj PUBLIC dtl_harness)
+    target_include_directories(${lab}_${kind}_obj PUBLIC ${lab_dir})
+    dtl_use_torch(${lab}_${kind}_obj)
+    foreach(side student reference)
+      add_executable(${lab}_${kind}_${side} $<TARGET_OBJECTS:${lab}_${kind}_obj>)
+      target_link_libraries(${lab}_${kind}_${side} PRIVATE dtl_${lab}_${side} ${main_lib})
+      dtl_use_torch(${lab}_${kind}_${side})
+    endforeach()
+  endmacro()
+
+  set(test_srcs)
+  foreach(s IN LISTS L_TESTS)
+    list(APPEND test_srcs ${lab_dir}/${s})
+  endforeach()
+  if(test_srcs)
+    _dtl_lab_exe(test "${test_srcs}" dtl_test_main)
+    foreach(side student reference)
+      dtl_add_mpi_test(NAME ${lab}.${side} TARGET ${lab}_test_${side} RANKS ${L_WORLD_SIZES}
+                       LABELS "${lab};${side}" TIMEOUT ${L_TIMEOUT})
+    endforeach()
+  endif()
+  if(L_GRADING_TESTS)
+    _dtl_lab_exe(grade "${L_GRADING_TESTS}" dtl_test_main)
+  endif()
+  if(L_BENCH)
+    _dtl_lab_exe(bench ${lab_dir}/${L_BENCH} dtl_bench_main)
+  endif()
+  if(L_MAIN)
+    _dtl_lab_exe(run ${lab_dir}/${L_MAIN} "")
+  endif()
+  # Where the grader and ./lab find the lab's world sizes.
+  set_property(GLOBAL APPEND PROPERTY DTL_LABS "${L_NUMBER}:${L_SLUG}:${L_WORLD_SIZES}")
+endfunction()

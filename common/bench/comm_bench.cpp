@@ -1,0 +1,53 @@
+// Comm::all_reduce vs raw MPI_Allreduce, 1 KiB to 64 MiB, nccl-tests counters (algbw, busbw).
+//
+//   ./lab bench comm -n 2      (or: mpirun -n 4 --oversubscribe build/bin/comm_bench)
+//
+// Both variants run on the same tensor sizes in one process, interleaved per size, so the
+// comparison is fair on a noisy machine. The added cost of Comm is argument checks, an op
+// record and (for async) a hand-off to the worker thread; for blocking calls on an idle Comm
+// the op runs on the caller's thread.
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include "dtl/comm_mpi.hpp"
+#include "dtl/harness/bench.hpp"
+#include "dtl/runtime.hpp"
+
+namespace {
+
+dtl::Comm& comm() {
+  static std::shared_ptr<dtl::Comm> c = dtl::world().dup();  // created on first use, by all ranks
+  return *c;
+}
+
+void BM_Comm_AllReduce(benchmark::State& state) {
+  auto t = torch::ones({state.range(0) / 4});
+  for (auto _ : state) {
+    dtl::bench::Iteration it(state);
+    comm().all_reduce(t);
+  }
+  dtl::bench::set_bandwidth_counters(state, state.range(0), dtl::bus_factor(dtl::OpType::AllReduce, comm().size()));
+}
+
+void BM_MPI_Allreduce(benchmark::State& state) {
+  auto t = torch::ones({state.range(0) / 4});
+  MPI_Comm raw = static_cast<dtl::MpiComm&>(comm()).raw();
+  for (auto _ : state) {
+    dtl::bench::Iteration it(state);
+    MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), MPI_FLOAT, MPI_SUM, raw);
+  }
+  dtl::bench::set_bandwidth_counters(state, state.range(0), dtl::bus_factor(dtl::OpType::AllReduce, comm().size()));
+}
+
+// Registered size by size, Comm then raw MPI, so both see the same machine state.
+const bool registered = [] {
+  for (int64_t bytes = 1 << 10; bytes <= (64 << 20); bytes *= 4) {
+    benchmark::RegisterBenchmark("Comm::all_reduce", BM_Comm_AllReduce)
+        ->Arg(bytes)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("MPI_Allreduce", BM_MPI_Allreduce)
+        ->Arg(bytes)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  }
+  return true;
+}();
+
+}  // namespace

@@ -1,0 +1,162 @@
+// Runtime: MPI start-up, rank discovery, device and backend choice, seeding, threads, shutdown.
+#include "dtl/runtime.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <thread>
+
+#include "dtl/comm_mpi.hpp"
+#include "dtl/comm_nccl.hpp"
+#include "dtl/error.hpp"
+#include "dtl/memory.hpp"
+
+namespace dtl {
+
+namespace detail {
+void set_log_identity(int rank, int world);  // log.cpp
+}
+
+static Runtime* g_runtime = nullptr;
+
+static const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+RuntimeOptions RuntimeOptions::from_env() {
+  RuntimeOptions o;
+  if (auto v = env("DTL_DEVICE")) o.device = v;
+  if (auto v = env("DTL_BACKEND")) o.backend = v;
+  if (auto v = env("DTL_SEED")) o.seed = std::strtoull(v, nullptr, 10);
+  if (auto v = env("DTL_THREADS")) o.threads = std::atoi(v);
+  if (auto v = env("DTL_NET")) o.net = v;
+  if (auto v = env("DTL_TRACE")) o.trace = v;
+  return o;
+}
+
+void RuntimeOptions::add_to(CLI::App& app) {
+  app.add_option("--device", device, "cpu or cuda (env DTL_DEVICE)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--backend", backend, "mpi or nccl; default: nccl for cuda, mpi for cpu")
+      ->check(CLI::IsMember({"", "mpi", "nccl"}));
+  app.add_option("--seed", seed, "base random seed (env DTL_SEED)");
+  app.add_option("--threads", threads, "intra-op threads per rank; 0 = cores / local ranks");
+  app.add_option("--net", net, "emulated network: preset or intra=BW,LAT;inter=BW,LAT;ranks_per_node=K");
+  app.add_option("--trace", trace, "write a Chrome trace (Perfetto) of the run to this file");
+}
+
+Runtime::Runtime(int argc, char** argv) : options_(RuntimeOptions::from_env()) {
+  // Parse only our own flags; everything else (gtest, benchmark, program flags) passes through.
+  CLI::App app;
+  app.set_help_flag();  // --help belongs to the program
+  app.allow_extras();
+  options_.add_to(app);
+  if (argc > 0 && argv) {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      throw Error(fmt::format("bad runtime flag: {}", e.what()));
+    }
+  }
+  init(argc, argv);
+}
+
+Runtime::Runtime(RuntimeOptions options, int argc, char** argv) : options_(std::move(options)) {
+  init(argc, argv);
+}
+
+static int env_int(const char* name, int fallback) {
+  const char* v = env(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+void Runtime::init(int argc, char** argv) {
+  DTL_CHECK(g_runtime == nullptr, "only one dtl::Runtime may exist per process");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    mpi_check(MPI_Init_thread(argc > 0 ? &argc : nullptr, argc > 0 ? &argv : nullptr,
+                              MPI_THREAD_MULTIPLE, &provided),
+              "MPI_Init_thread");
+    // Comm workers call MPI from their own threads, concurrently with the main thread.
+    DTL_CHECK(provided == MPI_THREAD_MULTIPLE,
+              "this MPI library does not provide MPI_THREAD_MULTIPLE (OpenMPI 4 does)");
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  detail::set_log_identity(rank_, world_size_);
+  g_runtime = this;
+
+  // Local rank: the launcher's word first (OpenMPI, then Slurm), else ask MPI which ranks
+  // share this node's memory.
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  int node_rank = 0, node_size = 1;
+  MPI_Comm_rank(node, &node_rank);
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  local_rank_ = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", node_rank));
+  local_size_ = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", node_size);
+
+  // Oversubscribed ranks must not fight over cores: split the node's cores between them.
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  threads_ = options_.threads > 0 ? options_.threads : std::max(1, cores / std::max(1, local_size_));
+  torch::set_num_threads(threads_);
+
+  torch::manual_seed(options_.seed + static_cast<uint64_t>(rank_));
+  memory::install();
+
+  DTL_CHECK(options_.device == "cpu" || options_.device == "cuda",
+            fmt::format("--device must be cpu or cuda, got '{}'", options_.device));
+  backend_ = options_.backend.empty() ? (options_.device == "cuda" ? "nccl" : "mpi") : options_.backend;
+  DTL_CHECK(backend_ == "mpi" || backend_ == "nccl",
+            fmt::format("--backend must be mpi or nccl, got '{}'", backend_));
+  DTL_CHECK(!(backend_ == "nccl" && options_.device == "cpu"),
+            "--backend nccl moves CUDA tensors: use it with --device cuda");
+  DTL_CHECK(!(backend_ == "mpi" && options_.device == "cuda"),
+            "--backend mpi moves CPU tensors: use --device cpu, or --backend nccl for cuda");
+
+  mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &control_), "MPI_Comm_dup");
+  try {
+    cpu_world_ = MpiComm::create(MPI_COMM_WORLD, "world");
+    if (backend_ == "nccl") {
+      // One GPU per rank: local rank modulo the node's device count.
+      int devices = cuda_device_count();
+      int index = local_rank_ % devices;
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+      world_ = make_nccl_comm(*cpu_world_, index, "world");
+    } else {
+      world_ = cpu_world_;
+    }
+  } catch (...) {
+    world_.reset();
+    cpu_world_.reset();
+    g_runtime = nullptr;
+    throw;
+  }
+}
+
+Runtime::~Runtime() {
+  // Drain and free our communicators before MPI goes away.
+  world_.reset();
+  cpu_world_.reset();
+  g_runtime = nullptr;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+  MPI_Finalize();
+}
+
+Runtime& Runtime::get() {
+  if (!g_runtime) throw Error("no dtl::Runtime: create one at the start of main()");
+  return *g_runtime;
+}
+
+bool Runtime::exists() { return g_runtime != nullptr; }
+
+}  // namespace dtl

@@ -1,0 +1,42 @@
+// dtl/harness/bench.hpp — defines: bench::Iteration, bench::set_rate_counters.
+//
+// Google Benchmark under MPI. Every rank runs every benchmark; only rank 0 reports (the bench
+// main installs a silent reporter elsewhere). Ranks must agree on how many iterations run, or
+// a collective is left unmatched and the job hangs. Two rules guarantee it:
+//   1. register benchmarks with ->UseManualTime(), and
+//   2. time each iteration with bench::Iteration, which sets the iteration time to the max over
+//      ranks, so Google Benchmark's adaptive iteration count sees identical numbers everywhere.
+// Fixed ->Iterations(N) is also fine and the most predictable.
+//
+//   static void BM_allreduce(benchmark::State& state) {
+//     for (auto _ : state) {
+//       dtl::bench::Iteration it(state);   // barrier, start clock
+//       comm.all_reduce(t);
+//     }                                    // stop clock, max over ranks, SetIterationTime
+//   }
+//   BENCHMARK(BM_allreduce)->UseManualTime();
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+
+namespace dtl::bench {
+
+class Iteration {
+ public:
+  explicit Iteration(benchmark::State& state);
+  ~Iteration();
+  Iteration(const Iteration&) = delete;
+  Iteration& operator=(const Iteration&) = delete;
+
+ private:
+  benchmark::State& state_;
+  double start_;
+};
+
+// Adds nccl-tests counters for a collective of `bytes` per op with bus factor `factor`:
+// algbw = bytes / time, busbw = algbw x factor (GB/s, 1e9), from the benchmark's iteration time.
+void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_factor);
+
+}  // namespace dtl::bench

@@ -1,0 +1,73 @@
+// dtl/harness/checks.hpp — defines: expect_close, assert_close, expect_same_on_all_ranks,
+// flat_params, flat_grads, expect_modules_close, serial (ground-truth helper).
+//
+// The oracles of the labs: a parallel result must equal serial single-process training from the
+// same seed and global batch, and every rank must agree. These checks say *where* they
+// disagree (worst element, its index, both values), because "tensors differ" teaches nothing.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <mutex>
+#include <string>
+
+namespace dtl::testing {
+
+// Default tolerances: float32 accumulations of the tiny test models in different orders.
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+
+// gtest predicate-style comparison: shapes and dtypes must match, then
+// |actual - expected| <= atol + rtol * |expected| elementwise. The failure message names the
+// worst element (flat index and multi-index), both values, and how many elements fail.
+::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
+                                         double rtol = kRtol, double atol = kAtol);
+// Exact equality (bitwise for floats), e.g. for integer results and bitwise-resume oracles.
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected);
+
+#define DTL_EXPECT_CLOSE(actual, expected, ...) \
+  EXPECT_TRUE(::dtl::testing::tensors_close((actual), (expected), ##__VA_ARGS__))
+#define DTL_ASSERT_CLOSE(actual, expected, ...) \
+  ASSERT_TRUE(::dtl::testing::tensors_close((actual), (expected), ##__VA_ARGS__))
+#define DTL_EXPECT_EQUAL(actual, expected) \
+  EXPECT_TRUE(::dtl::testing::tensors_equal((actual), (expected)))
+
+// Function forms (same semantics) for use in helpers.
+void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol = kRtol,
+                  double atol = kAtol, const std::string& what = "");
+
+// Every rank holds the same tensor (bitwise): rank 0's copy is broadcast over the harness's
+// control channel and compared on each rank; a mismatch reports the rank and the worst element.
+// Must be called by all ranks.
+::testing::AssertionResult same_on_all_ranks(const torch::Tensor& t);
+#define DTL_EXPECT_SAME_ON_ALL_RANKS(t) EXPECT_TRUE(::dtl::testing::same_on_all_ranks(t))
+void expect_same_on_all_ranks(const torch::Tensor& t, const std::string& what = "");
+
+// All parameters (or their grads) of a module, flattened and concatenated in registration
+// order: one tensor to compare two models with.
+torch::Tensor flat_params(const torch::nn::Module& m);
+torch::Tensor flat_grads(const torch::nn::Module& m);  // missing grads count as zeros
+// Parameter by parameter, with the parameter's name in the failure message.
+void expect_modules_close(const torch::nn::Module& actual, const torch::nn::Module& expected,
+                          double rtol = kRtol, double atol = kAtol, bool grads = false);
+
+// Runs `fn` as the single-process ground truth: torch's global RNG is seeded with `seed` for
+// the call and restored afterwards, and no communication may happen inside. Every rank
+// computes the same reference locally, so no rank has to ship it to the others.
+template <typename Fn>
+auto serial(uint64_t seed, Fn&& fn) {
+  auto saved = at::detail::getDefaultCPUGenerator().clone();
+  torch::manual_seed(seed);
+  struct Restore {
+    at::Generator g;
+    ~Restore() {
+      auto def = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(def.mutex());
+      def.set_state(g.get_state());
+    }
+  } restore{saved};
+  return fn();
+}
+
+}  // namespace dtl::testing

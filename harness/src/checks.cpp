@@ -1,0 +1,138 @@
+// Tensor comparisons that explain themselves, and cross-rank agreement checks.
+#include "dtl/harness/checks.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include "dtl/runtime.hpp"
+
+namespace dtl::testing {
+
+static std::string multi_index(const torch::Tensor& t, int64_t flat) {
+  std::string out = "[";
+  auto sizes = t.sizes();
+  std::vector<int64_t> idx(sizes.size());
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    idx[d] = sizes[d] ? flat % sizes[d] : 0;
+    flat = sizes[d] ? flat / sizes[d] : 0;
+  }
+  for (size_t i = 0; i < idx.size(); ++i) out += (i ? "," : "") + std::to_string(idx[i]);
+  return out + "]";
+}
+
+static ::testing::AssertionResult same_layout(const torch::Tensor& a, const torch::Tensor& e) {
+  if (!a.defined() || !e.defined())
+    return ::testing::AssertionFailure() << "undefined tensor (actual defined: " << a.defined()
+                                         << ", expected defined: " << e.defined() << ")";
+  if (a.sizes() != e.sizes())
+    return ::testing::AssertionFailure() << "shape " << a.sizes() << " != expected " << e.sizes();
+  if (a.scalar_type() != e.scalar_type())
+    return ::testing::AssertionFailure() << "dtype " << a.scalar_type() << " != expected "
+                                         << e.scalar_type();
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
+                                         double rtol, double atol) {
+  auto layout = same_layout(actual, expected);
+  if (!layout) return layout;
+  if (actual.numel() == 0) return ::testing::AssertionSuccess();
+  auto a = actual.detach().cpu().to(torch::kFloat64).flatten();
+  auto e = expected.detach().cpu().to(torch::kFloat64).flatten();
+  auto err = (a - e).abs();
+  auto allowed = atol + rtol * e.abs();
+  // NaN never compares close (unless both are NaN at the same place).
+  auto both_nan = a.isnan().logical_and(e.isnan());
+  auto bad = (err > allowed).logical_or(err.isnan()).logical_and(both_nan.logical_not());
+  int64_t nbad = bad.sum().item<int64_t>();
+  if (nbad == 0) return ::testing::AssertionSuccess();
+  auto excess = torch::where(bad, err.nan_to_num(INFINITY) - allowed, torch::full_like(err, -1.0));
+  int64_t worst = excess.argmax().item<int64_t>();
+  return ::testing::AssertionFailure() << fmt::format(
+             "{} of {} elements differ (rtol {:g}, atol {:g}); worst at flat index {} {}: "
+             "actual {:.9g}, expected {:.9g}, |diff| {:.3g}",
+             nbad, a.numel(), rtol, atol, worst, multi_index(actual, worst),
+             a[worst].item<double>(), e[worst].item<double>(), err[worst].item<double>());
+}
+
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected) {
+  auto layout = same_layout(actual, expected);
+  if (!layout) return layout;
+  auto a = actual.detach().cpu().contiguous(), e = expected.detach().cpu().contiguous();
+  if (a.numel() == 0 || std::memcmp(a.data_ptr(), e.data_ptr(), a.nbytes()) == 0)
+    return ::testing::AssertionSuccess();
+  auto r = tensors_close(a, e, 0.0, 0.0);
+  if (!r) return r;
+  return ::testing::AssertionFailure() << "values compare equal but bits differ (e.g. -0.0 vs 0.0)";
+}
+
+void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol,
+                  double atol, const std::string& what) {
+  EXPECT_TRUE(tensors_close(actual, expected, rtol, atol)) << what;
+}
+
+::testing::AssertionResult same_on_all_ranks(const torch::Tensor& t) {
+  MPI_Comm comm = Runtime::get().control_comm();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  auto mine = t.detach().cpu().contiguous();
+  // First agree on the byte size, so a shape mismatch is reported instead of truncating.
+  int64_t nbytes = static_cast<int64_t>(mine.nbytes());
+  std::vector<int64_t> sizes(size);
+  MPI_Allgather(&nbytes, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm);
+  for (int r = 0; r < size; ++r)
+    if (sizes[r] != sizes[0])
+      return ::testing::AssertionFailure()
+             << fmt::format("rank {} holds {} bytes but rank 0 holds {}", r, sizes[r], sizes[0]);
+  auto root = mine.clone();
+  MPI_Bcast(root.data_ptr(), static_cast<int>(nbytes), MPI_BYTE, 0, comm);
+  int differs = std::memcmp(root.data_ptr(), mine.data_ptr(), nbytes) != 0;
+  std::vector<int> all(size);
+  MPI_Allgather(&differs, 1, MPI_INT, all.data(), 1, MPI_INT, comm);
+  std::string bad;
+  for (int r = 0; r < size; ++r)
+    if (all[r]) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+  if (bad.empty()) return ::testing::AssertionSuccess();
+  auto result = ::testing::AssertionFailure() << "ranks [" << bad << "] differ from rank 0";
+  if (differs) result << "; on this rank: " << tensors_close(mine, root, 0, 0).message();
+  return result;
+}
+
+void expect_same_on_all_ranks(const torch::Tensor& t, const std::string& what) {
+  EXPECT_TRUE(same_on_all_ranks(t)) << what;
+}
+
+torch::Tensor flat_params(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : m.parameters()) parts.push_back(p.detach().flatten());
+  return parts.empty() ? torch::empty({0}) : torch::cat(parts);
+}
+
+torch::Tensor flat_grads(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : m.parameters())
+    parts.push_back(p.grad().defined() ? p.grad().detach().flatten() : torch::zeros_like(p).flatten());
+  return parts.empty() ? torch::empty({0}) : torch::cat(parts);
+}
+
+void expect_modules_close(const torch::nn::Module& actual, const torch::nn::Module& expected,
+                          double rtol, double atol, bool grads) {
+  auto a = actual.named_parameters(), e = expected.named_parameters();
+  ASSERT_EQ(a.size(), e.size()) << "modules have different parameter counts";
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& name = a[i].key();
+    ASSERT_EQ(name, e[i].key()) << "parameter " << i << " has a different name";
+    if (grads) {
+      auto ga = a[i].value().grad(), ge = e[i].value().grad();
+      ASSERT_EQ(ga.defined(), ge.defined()) << "grad of " << name << " defined on one side only";
+      if (ga.defined()) {
+        EXPECT_TRUE(tensors_close(ga, ge, rtol, atol)) << "grad of " << name;
+      }
+    } else {
+      EXPECT_TRUE(tensors_close(a[i].value(), e[i].value(), rtol, atol)) << "parameter " << name;
+    }
+  }
+}
+
+}  // namespace dtl::testing

@@ -1,0 +1,91 @@
+// Tests of the harness's checks: they must fail when they should, and say where.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "dtl/harness/checks.hpp"
+#include "dtl/harness/perf.hpp"
+#include "dtl/runtime.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Checks, CloseReportsWorstElement) {
+  auto expected = torch::zeros({2, 3});
+  auto actual = expected.clone();
+  actual[1][2] = 0.5;
+  actual[0][1] = 1e-3;
+  auto r = dtl::testing::tensors_close(actual, expected, 1e-5, 1e-6);
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.message(), HasSubstr("2 of 6 elements differ"));
+  EXPECT_THAT(r.message(), HasSubstr("flat index 5 [1,2]"));
+  EXPECT_THAT(r.message(), HasSubstr("actual 0.5"));
+  EXPECT_TRUE(dtl::testing::tensors_close(expected + 1e-7, expected));
+}
+
+TEST(Checks, CloseRejectsShapeDtypeAndNaN) {
+  EXPECT_THAT(dtl::testing::tensors_close(torch::zeros({2}), torch::zeros({3})).message(), HasSubstr("shape"));
+  EXPECT_THAT(dtl::testing::tensors_close(torch::zeros({2}), torch::zeros({2}, torch::kFloat64)).message(),
+              HasSubstr("dtype"));
+  auto nan = torch::full({1}, NAN);
+  EXPECT_FALSE(dtl::testing::tensors_close(nan, torch::zeros({1})));
+  EXPECT_TRUE(dtl::testing::tensors_close(nan, nan.clone()));
+}
+
+TEST(Checks, EqualIsBitwise) {
+  EXPECT_TRUE(dtl::testing::tensors_equal(torch::arange(5), torch::arange(5)));
+  EXPECT_FALSE(dtl::testing::tensors_equal(torch::ones({3}), torch::ones({3}) + 1e-7));
+  EXPECT_THAT(dtl::testing::tensors_equal(torch::full({1}, -0.0), torch::zeros({1})).message(),
+              HasSubstr("bits differ"));
+}
+
+TEST(Checks, SameOnAllRanksDetectsTheOddRankOut) {
+  auto& w = dtl::world();
+  EXPECT_TRUE(dtl::testing::same_on_all_ranks(torch::arange(10)));
+  auto t = torch::zeros({4});
+  if (w.rank() == w.size() - 1) t[2] = 1;
+  auto r = dtl::testing::same_on_all_ranks(t);
+  if (w.size() == 1) {
+    EXPECT_TRUE(r);
+  } else {
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.message(), HasSubstr("ranks [" + std::to_string(w.size() - 1) + "] differ"));
+  }
+  // A shape mismatch is reported, not truncated.
+  auto s = dtl::testing::same_on_all_ranks(torch::zeros({w.rank() == 0 ? 3 : 2}));
+  EXPECT_EQ(static_cast<bool>(s), w.size() == 1);
+}
+
+TEST(Checks, SerialRestoresTheGlobalRng) {
+  torch::manual_seed(99);
+  auto before = torch::rand({3});
+  torch::manual_seed(99);
+  auto a = dtl::testing::serial(7, [] { return torch::rand({3}); });
+  auto b = dtl::testing::serial(7, [] { return torch::rand({3}); });
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_TRUE(torch::equal(torch::rand({3}), before)) << "serial() disturbed the caller's RNG";
+}
+
+TEST(Checks, FlatParamsAndModuleComparison) {
+  torch::manual_seed(1);
+  torch::nn::Linear a(3, 2), b(3, 2);
+  EXPECT_EQ(dtl::testing::flat_params(*a).numel(), 8);
+  EXPECT_EQ(dtl::testing::flat_grads(*a).abs().sum().item<float>(), 0.0f);
+  torch::NoGradGuard g;
+  for (size_t i = 0; i < a->parameters().size(); ++i) b->parameters()[i].copy_(a->parameters()[i]);
+  dtl::testing::expect_modules_close(*a, *b);
+}
+
+TEST(Perf, MeasureIsCollectiveAndOrdered) {
+  auto m = dtl::testing::measure([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }, 1, 5);
+  ASSERT_EQ(m.seconds.size(), 5u);
+  EXPECT_GE(m.min, 0.002);
+  EXPECT_LE(m.min, m.median);
+  EXPECT_LE(m.median, m.max);
+  // Every rank got the same (max-over-ranks) numbers.
+  DTL_EXPECT_SAME_ON_ALL_RANKS(torch::tensor(m.seconds, torch::kFloat64));
+  EXPECT_DOUBLE_EQ(dtl::testing::sum_over_ranks(1.0), dtl::world().size());
+  EXPECT_DOUBLE_EQ(dtl::testing::max_over_ranks(dtl::world().rank()), dtl::world().size() - 1);
+}
+
+}  // namespace
