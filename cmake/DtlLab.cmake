@@ -72,6 +72,11 @@ function(dtl_add_lab)
       dtl_add_mpi_test(NAME ${lab}.${side} TARGET ${lab}_test_${side} RANKS ${L_WORLD_SIZES}
                        LABELS "${lab};${side}" TIMEOUT ${L_TIMEOUT})
     endforeach()
+    # Skeleton check: the untouched student tree must compile and every public test must fail
+    # with "not implemented" (on 2 ranks, so rank-dependent stubs that would hang show up too).
+    dtl_add_mpi_test(NAME ${lab}.skeleton TARGET ${lab}_test_student RANKS 2
+                     LABELS "${lab};skeleton" TIMEOUT ${L_TIMEOUT}
+                     ARGS --dtl_expect_unimplemented --dtl_timeout=60)
   endif()
   if(L_GRADING_TESTS)
     _dtl_lab_exe(grade "${L_GRADING_TESTS}" dtl_test_main)

@@ -11,6 +11,9 @@
 //   DTL_TEST_TIMEOUT=S): every rank sends rank 0 what its Comms are doing over a side channel,
 //   rank 0 prints which ranks wait in which op and which are missing, and the job is aborted
 //   with exit code 124 instead of hanging.
+// * --dtl_expect_unimplemented inverts the verdict for the skeleton check: the run succeeds
+//   only if every test that ran failed, and failed with "not implemented" (a skeleton must
+//   fail loudly everywhere, never pass by accident or compute garbage).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -205,7 +208,7 @@ class RankListener : public ::testing::EmptyTestEventListener {
                          {"message", r.message()}});
   }
 
-  void OnTestEnd(const ::testing::TestInfo&) override {
+  void OnTestEnd(const ::testing::TestInfo& info) override {
     watchdog_.set_phase("end-of-test sync (test body finished on this rank)");
     // Gather every rank's failures (JSON) on rank 0.
     std::string mine = failures_.empty() ? "" : failures_.dump();
@@ -238,36 +241,72 @@ class RankListener : public ::testing::EmptyTestEventListener {
     // test (and under its watchdog) until all ranks have finished it.
     MPI_Barrier(control_);
     watchdog_.disarm();
+    if (g_rank == 0) check_unimplemented(info);
   }
 
+  // Skeleton check (rank 0, which holds every rank's failures by now).
+  bool expect_unimplemented = false;
+  int skeleton_tests = 0;
+  std::vector<std::string> skeleton_offenders;
+
  private:
+  void check_unimplemented(const ::testing::TestInfo& info) {
+    if (!expect_unimplemented) return;
+    const ::testing::TestResult* result = info.result();
+    if (result->Skipped()) return;
+    ++skeleton_tests;
+    std::string name = std::string(info.test_suite_name()) + "." + info.name();
+    if (!result->Failed()) {
+      skeleton_offenders.push_back(name + ": PASSED on the skeleton (a test that cannot fail, or "
+                                          "skeleton code that is not a stub)");
+      return;
+    }
+    // The first failure must be the stub's: later ones may follow from it.
+    for (int i = 0; i < result->total_part_count(); ++i) {
+      const auto& part = result->GetTestPartResult(i);
+      if (!part.failed()) continue;
+      if (std::string(part.message()).find("not implemented") == std::string::npos)
+        skeleton_offenders.push_back(name + ": failed first with something other than "
+                                     "not-implemented: " + std::string(part.message()).substr(0, 300));
+      return;
+    }
+  }
+
   MPI_Comm control_;
   Watchdog& watchdog_;
   json failures_ = json::array();
   bool forwarding_ = false;
 };
 
-double timeout_from(int& argc, char** argv) {
+struct HarnessFlags {
   double timeout = 120;
-  if (const char* v = std::getenv("DTL_TEST_TIMEOUT")) timeout = std::atof(v);
-  // Strip --dtl_timeout=S so later parsers do not see it.
+  bool expect_unimplemented = false;
+};
+
+// Takes --dtl_timeout=S and --dtl_expect_unimplemented out of argv.
+HarnessFlags harness_flags(int& argc, char** argv) {
+  HarnessFlags f;
+  if (const char* v = std::getenv("DTL_TEST_TIMEOUT")) f.timeout = std::atof(v);
   int out = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--dtl_timeout=", 0) == 0)
-      timeout = std::atof(a.c_str() + 14);
+      f.timeout = std::atof(a.c_str() + 14);
+    else if (a == "--dtl_expect_unimplemented")
+      f.expect_unimplemented = true;
     else
       argv[out++] = argv[i];
   }
   argc = out;
-  return timeout > 0 ? timeout : 120;
+  if (f.timeout <= 0) f.timeout = 120;
+  return f;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  double timeout = timeout_from(argc, argv);
+  HarnessFlags flags = harness_flags(argc, argv);
   int rc = 1;
   try {
     dtl::Runtime rt(argc, argv);
@@ -276,17 +315,32 @@ int main(int argc, char** argv) {
     MPI_Comm side;
     MPI_Comm_dup(MPI_COMM_WORLD, &side);
     {
-      Watchdog watchdog(timeout, side);
+      Watchdog watchdog(flags.timeout, side);
       auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
       if (g_rank != 0) {
         delete listeners.Release(listeners.default_result_printer());
         ::testing::GTEST_FLAG(output) = "";  // only rank 0 writes the JSON/XML report
       }
-      listeners.Append(new RankListener(rt.control_comm(), watchdog));
+      auto* listener = new RankListener(rt.control_comm(), watchdog);
+      listener->expect_unimplemented = flags.expect_unimplemented;
+      listeners.Append(listener);
       rc = RUN_ALL_TESTS();
-      int worst = rc;
-      MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, rt.control_comm());
-      rc = worst;
+      if (flags.expect_unimplemented && g_rank == 0) {
+        auto& bad = listener->skeleton_offenders;
+        rc = bad.empty() && listener->skeleton_tests > 0 ? 0 : 1;
+        std::printf("\n[dtl skeleton check] %d of %d tests report \"not implemented\"%s\n",
+                    listener->skeleton_tests - static_cast<int>(bad.size()),
+                    listener->skeleton_tests, rc == 0 ? ": OK" : ":");
+        for (auto& b : bad) std::printf("  %s\n", b.c_str());
+        std::fflush(stdout);
+      }
+      if (flags.expect_unimplemented) {
+        MPI_Bcast(&rc, 1, MPI_INT, 0, rt.control_comm());  // rank 0 judged all ranks' failures
+      } else {
+        int worst = rc;
+        MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, rt.control_comm());
+        rc = worst;
+      }
     }
     MPI_Comm_free(&side);
   } catch (const std::exception& e) {
