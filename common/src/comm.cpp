@@ -9,6 +9,7 @@
 
 #include "dtl/error.hpp"
 #include "dtl/timer.hpp"
+#include "dtl/trace.hpp"
 
 namespace dtl {
 
@@ -190,10 +191,13 @@ void Comm::mark_started(OpRecord& r) {
 }
 
 void Comm::mark_finished(OpRecord& r, bool ok) {
-  std::lock_guard<std::mutex> lock(mu_);
-  r.state = ok ? OpRecord::State::Completed : OpRecord::State::Failed;
-  r.finished = now_seconds();
-  pending_.erase(r.seq);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r.state = ok ? OpRecord::State::Completed : OpRecord::State::Failed;
+    r.finished = now_seconds();
+    pending_.erase(r.seq);
+  }
+  if (trace::enabled()) trace::record_comm(r, name_);
 }
 
 std::string Comm::where(const OpRecord& r) const {

@@ -3,7 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <thread>
+
 #include "dtl/error.hpp"
+#include "dtl/net.hpp"
 
 namespace dtl {
 
@@ -229,6 +233,18 @@ void MpiComm::worker_loop() {
 
 // ---------------------------------------------------------------- the ops
 
+// Waits for a nonblocking MPI request without burning a core: test, then sleep briefly.
+// Used while the network emulator is on, where waits last milliseconds and oversubscribed
+// ranks (4 on 2 cores) must leave the cores to compute; MPI's own waits spin.
+static int polite_wait(MPI_Request& req, MPI_Status* status) {
+  for (;;) {
+    int done = 0;
+    int rc = MPI_Test(&req, &done, status ? status : MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || done) return rc;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 void MpiComm::execute(Op& op) {
   OpRecord& rec = *op.record;
   mark_started(rec);
@@ -248,66 +264,117 @@ void MpiComm::execute(Op& op) {
         throw Error(where(rec) + fmt::format("rank {} sent {} elements but this rank expects {}",
                                              src, got, count_of(t)));
     };
+    // Run an MPI call: the blocking form normally (MPI's tuned algorithms, lowest latency);
+    // under the network emulator, the nonblocking form and a wait that sleeps.
+    const bool polite = net::enabled();
+    MPI_Status status;
+    auto call = [&](const char* name, auto&& blocking, auto&& nonblocking) {
+      if (!polite) return check(blocking(), name);
+      MPI_Request req;
+      check(nonblocking(&req), name);
+      check(polite_wait(req, &status), name);
+    };
     const int n = size();
+    // Network emulator, point-to-point: the sender pays alpha + B/beta on its egress link
+    // *before* the real send, so the receiver cannot see the data earlier than a real link
+    // would deliver it.
+    if (polite && (op.type == OpType::Send || op.type == OpType::SendRecv)) {
+      const int me = world_ranks()[rank()], dst = world_ranks()[op.peer];
+      net::charge(net::p2p_cost(static_cast<double>(op.send.nbytes()), me, dst),
+                  net::is_inter_node(me, dst));
+    }
+    void* sbuf = op.send.defined() ? op.send.data_ptr() : nullptr;
+    void* rbuf = op.recv.defined() ? op.recv.data_ptr() : nullptr;
     switch (op.type) {
-      case OpType::AllReduce:
-        check(MPI_Allreduce(MPI_IN_PLACE, op.recv.data_ptr(), count_of(op.recv),
-                            mpi_dtype(op.recv), mpi_op(op.reduce, op.recv), comm_),
-              "MPI_Allreduce");
+      case OpType::AllReduce: {
+        auto dt = mpi_dtype(op.recv);
+        auto mop = mpi_op(op.reduce, op.recv);
+        int c = count_of(op.recv);
+        call("MPI_Allreduce",
+             [&] { return MPI_Allreduce(MPI_IN_PLACE, rbuf, c, dt, mop, comm_); },
+             [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, rbuf, c, dt, mop, comm_, r); });
         finish_avg(op.reduce, op.recv, n);
         break;
-      case OpType::ReduceScatter:
-        check(MPI_Reduce_scatter_block(op.send.data_ptr(), op.recv.data_ptr(), count_of(op.recv),
-                                       mpi_dtype(op.recv), mpi_op(op.reduce, op.recv), comm_),
-              "MPI_Reduce_scatter_block");
+      }
+      case OpType::ReduceScatter: {
+        auto dt = mpi_dtype(op.recv);
+        auto mop = mpi_op(op.reduce, op.recv);
+        int c = count_of(op.recv);
+        call("MPI_Reduce_scatter_block",
+             [&] { return MPI_Reduce_scatter_block(sbuf, rbuf, c, dt, mop, comm_); },
+             [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(sbuf, rbuf, c, dt, mop, comm_, r); });
         finish_avg(op.reduce, op.recv, n);
         break;
-      case OpType::AllGather:
-        check(MPI_Allgather(op.send.data_ptr(), count_of(op.send), mpi_dtype(op.send),
-                            op.recv.data_ptr(), count_of(op.send), mpi_dtype(op.recv), comm_),
-              "MPI_Allgather");
+      }
+      case OpType::AllGather: {
+        auto dt = mpi_dtype(op.send);
+        int c = count_of(op.send);
+        call("MPI_Allgather",
+             [&] { return MPI_Allgather(sbuf, c, dt, rbuf, c, dt, comm_); },
+             [&](MPI_Request* r) { return MPI_Iallgather(sbuf, c, dt, rbuf, c, dt, comm_, r); });
         break;
-      case OpType::Broadcast:
-        check(MPI_Bcast(op.recv.data_ptr(), count_of(op.recv), mpi_dtype(op.recv), op.peer, comm_),
-              "MPI_Bcast");
+      }
+      case OpType::Broadcast: {
+        auto dt = mpi_dtype(op.recv);
+        int c = count_of(op.recv);
+        call("MPI_Bcast", [&] { return MPI_Bcast(rbuf, c, dt, op.peer, comm_); },
+             [&](MPI_Request* r) { return MPI_Ibcast(rbuf, c, dt, op.peer, comm_, r); });
         break;
+      }
       case OpType::Reduce: {
         const bool root = rank() == op.peer;
-        check(MPI_Reduce(root ? MPI_IN_PLACE : op.send.data_ptr(), root ? op.recv.data_ptr() : nullptr,
-                         count_of(op.recv), mpi_dtype(op.recv), mpi_op(op.reduce, op.recv),
-                         op.peer, comm_),
-              "MPI_Reduce");
+        auto dt = mpi_dtype(op.recv);
+        auto mop = mpi_op(op.reduce, op.recv);
+        int c = count_of(op.recv);
+        void* s = root ? MPI_IN_PLACE : sbuf;
+        void* r = root ? rbuf : nullptr;
+        call("MPI_Reduce", [&] { return MPI_Reduce(s, r, c, dt, mop, op.peer, comm_); },
+             [&](MPI_Request* q) { return MPI_Ireduce(s, r, c, dt, mop, op.peer, comm_, q); });
         if (root) finish_avg(op.reduce, op.recv, n);
         break;
       }
-      case OpType::AllToAll:
-        check(MPI_Alltoall(op.send.data_ptr(), count_of(op.send) / n, mpi_dtype(op.send),
-                           op.recv.data_ptr(), count_of(op.recv) / n, mpi_dtype(op.recv), comm_),
-              "MPI_Alltoall");
+      case OpType::AllToAll: {
+        auto dt = mpi_dtype(op.send);
+        int c = count_of(op.send) / n;
+        call("MPI_Alltoall", [&] { return MPI_Alltoall(sbuf, c, dt, rbuf, c, dt, comm_); },
+             [&](MPI_Request* r) { return MPI_Ialltoall(sbuf, c, dt, rbuf, c, dt, comm_, r); });
         break;
+      }
       case OpType::Barrier:
-        check(MPI_Barrier(comm_), "MPI_Barrier");
+        call("MPI_Barrier", [&] { return MPI_Barrier(comm_); },
+             [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
         break;
-      case OpType::Send:
-        check(MPI_Send(op.send.data_ptr(), count_of(op.send), mpi_dtype(op.send), op.peer, op.tag,
-                       comm_),
-              "MPI_Send");
+      case OpType::Send: {
+        auto dt = mpi_dtype(op.send);
+        int c = count_of(op.send);
+        call("MPI_Send", [&] { return MPI_Send(sbuf, c, dt, op.peer, op.tag, comm_); },
+             [&](MPI_Request* r) { return MPI_Isend(sbuf, c, dt, op.peer, op.tag, comm_, r); });
         break;
+      }
       case OpType::Recv: {
-        MPI_Status st;
-        check(MPI_Recv(op.recv.data_ptr(), count_of(op.recv), mpi_dtype(op.recv), op.peer, op.tag,
-                       comm_, &st),
-              "MPI_Recv (a larger message than expected truncates)");
-        check_count(st, op.recv, op.peer);
+        auto dt = mpi_dtype(op.recv);
+        int c = count_of(op.recv);
+        call("MPI_Recv (a larger message than expected truncates)",
+             [&] { return MPI_Recv(rbuf, c, dt, op.peer, op.tag, comm_, &status); },
+             [&](MPI_Request* r) { return MPI_Irecv(rbuf, c, dt, op.peer, op.tag, comm_, r); });
+        check_count(status, op.recv, op.peer);
         break;
       }
       case OpType::SendRecv: {
-        MPI_Status st;
-        check(MPI_Sendrecv(op.send.data_ptr(), count_of(op.send), mpi_dtype(op.send), op.peer,
-                           op.tag, op.recv.data_ptr(), count_of(op.recv), mpi_dtype(op.recv),
-                           op.peer2, op.tag, comm_, &st),
-              "MPI_Sendrecv (a larger message than expected truncates)");
-        check_count(st, op.recv, op.peer2);
+        auto sdt = mpi_dtype(op.send), rdt = mpi_dtype(op.recv);
+        int sc = count_of(op.send), rc = count_of(op.recv);
+        if (!polite) {
+          check(MPI_Sendrecv(sbuf, sc, sdt, op.peer, op.tag, rbuf, rc, rdt, op.peer2, op.tag, comm_,
+                             &status),
+                "MPI_Sendrecv (a larger message than expected truncates)");
+        } else {
+          MPI_Request reqs[2];
+          check(MPI_Irecv(rbuf, rc, rdt, op.peer2, op.tag, comm_, &reqs[0]), "MPI_Irecv");
+          check(MPI_Isend(sbuf, sc, sdt, op.peer, op.tag, comm_, &reqs[1]), "MPI_Isend");
+          check(polite_wait(reqs[1], nullptr), "MPI_Isend");
+          check(polite_wait(reqs[0], &status), "MPI_Irecv (a larger message than expected truncates)");
+        }
+        check_count(status, op.recv, op.peer2);
         break;
       }
       case OpType::Split: {
@@ -320,6 +387,14 @@ void MpiComm::execute(Op& op) {
         }
         break;
       }
+    }
+    // Network emulator, collectives: once every rank has arrived (the real op synchronised
+    // them), pay the algorithm's alpha-beta cost on the bottleneck link.
+    if (polite && op.type != OpType::Send && op.type != OpType::Recv &&
+        op.type != OpType::SendRecv && op.type != OpType::Split) {
+      net::charge(net::collective_cost(to_string(op.type), static_cast<double>(rec.bytes),
+                                       world_ranks()),
+                  net::spans_nodes(world_ranks()));
     }
     if (op.finish) op.finish();
   } catch (...) {

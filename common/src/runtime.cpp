@@ -12,6 +12,9 @@
 #include "dtl/comm_nccl.hpp"
 #include "dtl/error.hpp"
 #include "dtl/memory.hpp"
+#include "dtl/net.hpp"
+#include "dtl/timer.hpp"
+#include "dtl/trace.hpp"
 
 namespace dtl {
 
@@ -34,6 +37,7 @@ RuntimeOptions RuntimeOptions::from_env() {
   if (auto v = env("DTL_THREADS")) o.threads = std::atoi(v);
   if (auto v = env("DTL_NET")) o.net = v;
   if (auto v = env("DTL_TRACE")) o.trace = v;
+  if (auto v = env("DTL_GANTT")) o.gantt = std::string(v) != "0";
   return o;
 }
 
@@ -46,6 +50,7 @@ void RuntimeOptions::add_to(CLI::App& app) {
   app.add_option("--threads", threads, "intra-op threads per rank; 0 = cores / local ranks");
   app.add_option("--net", net, "emulated network: preset or intra=BW,LAT;inter=BW,LAT;ranks_per_node=K");
   app.add_option("--trace", trace, "write a Chrome trace (Perfetto) of the run to this file");
+  app.add_flag("--gantt", gantt, "print a terminal Gantt chart of the run at exit");
 }
 
 Runtime::Runtime(int argc, char** argv) : options_(RuntimeOptions::from_env()) {
@@ -121,6 +126,18 @@ void Runtime::init(int argc, char** argv) {
             "--backend mpi moves CPU tensors: use --device cpu, or --backend nccl for cuda");
 
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &control_), "MPI_Comm_dup");
+
+  // Network emulator: every rank parses the same spec (a bad one fails everywhere alike).
+  net::Spec spec = net::Spec::parse(options_.net);
+  net::set(spec);
+  if (spec.enabled && rank_ == 0)
+    std::fprintf(stderr, "dtl: network emulator %s\n", spec.describe().c_str());
+  // Tracing: a common time origin, taken right after a barrier, aligns the ranks' timelines.
+  if (!options_.trace.empty() || options_.gantt) {
+    MPI_Barrier(control_);
+    trace::set_origin(now_seconds());
+    trace::enable(true);
+  }
   try {
     cpu_world_ = MpiComm::create(MPI_COMM_WORLD, "world");
     if (backend_ == "nccl") {
@@ -140,7 +157,22 @@ void Runtime::init(int argc, char** argv) {
   }
 }
 
+void Runtime::finish_trace() noexcept {
+  if (options_.trace.empty() && !options_.gantt) return;
+  try {
+    trace::enable(false);
+    if (!options_.trace.empty()) trace::write_chrome(options_.trace);
+    if (options_.gantt) {
+      auto all = trace::gather_to_rank0();
+      if (rank_ == 0) std::fputs(trace::gantt(all, 100).c_str(), stdout);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%strace output failed: %s\n", rank_prefix().c_str(), e.what());
+  }
+}
+
 Runtime::~Runtime() {
+  finish_trace();
   // Drain and free our communicators before MPI goes away.
   world_.reset();
   cpu_world_.reset();

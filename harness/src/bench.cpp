@@ -1,10 +1,20 @@
 // Rank-consistent Google Benchmark iterations and nccl-tests style bandwidth counters.
 #include "dtl/harness/bench.hpp"
 
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "dtl/harness/perf.hpp"
 #include "dtl/timer.hpp"
 
 namespace dtl::bench {
+
+// The iteration times reported so far, so counters can be plain numbers (GB/s) rather than
+// Google Benchmark's "per second" rates with SI prefixes. A run's own times are the last
+// state.iterations() entries (Google Benchmark runs a function several times while it sizes
+// the iteration count).
+static std::vector<double> g_times;
 
 Iteration::Iteration(benchmark::State& state) : state_(state) {
   testing::control_barrier();
@@ -13,15 +23,24 @@ Iteration::Iteration(benchmark::State& state) : state_(state) {
 
 Iteration::~Iteration() {
   // Every rank reports the slowest rank's time, so every rank's adaptive iteration count agrees.
-  state_.SetIterationTime(testing::max_over_ranks(now_seconds() - start_));
+  double t = testing::max_over_ranks(now_seconds() - start_);
+  state_.SetIterationTime(t);
+  if (g_times.size() > (1u << 22)) g_times.erase(g_times.begin(), g_times.end() - (1u << 20));
+  g_times.push_back(t);
+}
+
+double mean_iteration_seconds(const benchmark::State& state) {
+  const size_t n = std::min(g_times.size(), static_cast<size_t>(state.iterations()));
+  if (n == 0) return 0;
+  return std::accumulate(g_times.end() - static_cast<std::ptrdiff_t>(n), g_times.end(), 0.0) /
+         static_cast<double>(n);
 }
 
 void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_factor) {
-  using benchmark::Counter;
-  // kIsIterationInvariantRate: value x iterations / time = bytes per second over the run.
-  state.counters["algbw_GBps"] = Counter(bytes / 1e9, Counter::kIsIterationInvariantRate);
-  state.counters["busbw_GBps"] = Counter(bytes * bus_factor / 1e9, Counter::kIsIterationInvariantRate);
-  state.SetBytesProcessed(static_cast<int64_t>(bytes) * state.iterations());
+  const double t = mean_iteration_seconds(state);
+  const double algbw = t > 0 ? bytes / t / 1e9 : 0;
+  state.counters["algbw_GBps"] = algbw;
+  state.counters["busbw_GBps"] = algbw * bus_factor;
 }
 
 }  // namespace dtl::bench

@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <string>
 
 #include "dtl/runtime.hpp"
 
@@ -16,6 +17,8 @@ class SilentReporter : public benchmark::BenchmarkReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool has_out = false;  // --benchmark_out=FILE: only rank 0 may write it
+  for (int i = 1; i < argc; ++i) has_out |= std::string(argv[i]).rfind("--benchmark_out=", 0) == 0;
   benchmark::Initialize(&argc, argv);
   try {
     dtl::Runtime rt(argc, argv);
@@ -23,7 +26,10 @@ int main(int argc, char** argv) {
       benchmark::RunSpecifiedBenchmarks();
     } else {
       SilentReporter display, file;
-      benchmark::RunSpecifiedBenchmarks(&display, &file);
+      if (has_out)
+        benchmark::RunSpecifiedBenchmarks(&display, &file);
+      else
+        benchmark::RunSpecifiedBenchmarks(&display);
     }
     benchmark::Shutdown();
   } catch (const std::exception& e) {

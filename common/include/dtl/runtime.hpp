@@ -11,7 +11,8 @@
 // Flags (also as environment variables, flags win): --device cpu|cuda (DTL_DEVICE),
 // --backend mpi|nccl (DTL_BACKEND; default nccl for cuda, mpi for cpu), --seed N (DTL_SEED),
 // --threads N (DTL_THREADS; intra-op threads, default cores / ranks on this node),
-// --net SPEC (DTL_NET; network emulator), --trace FILE (DTL_TRACE; Chrome trace of the run).
+// --net SPEC (DTL_NET; network emulator, see net.hpp), --trace FILE (DTL_TRACE; Chrome trace
+// of the run, see trace.hpp), --gantt (DTL_GANTT=1; terminal timeline at exit).
 #pragma once
 
 #include <CLI/App.hpp>
@@ -32,6 +33,7 @@ struct RuntimeOptions {
   int threads = 0;             // 0: hardware cores / ranks on this node (at least 1)
   std::string net;             // network emulator spec or preset ("" or "none": off)
   std::string trace;           // write a Chrome trace of the run here ("" = off)
+  bool gantt = false;          // print a terminal Gantt chart of the run at exit (rank 0)
 
   // Defaults overridden by DTL_DEVICE, DTL_BACKEND, DTL_SEED, DTL_THREADS, DTL_NET, DTL_TRACE.
   static RuntimeOptions from_env();
@@ -74,6 +76,7 @@ class Runtime {
 
  private:
   void init(int argc, char** argv);
+  void finish_trace() noexcept;
   RuntimeOptions options_;
   int rank_ = 0, world_size_ = 1, local_rank_ = 0, local_size_ = 1, threads_ = 1;
   torch::Device device_{torch::kCPU};

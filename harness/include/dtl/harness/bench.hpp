@@ -35,8 +35,12 @@ class Iteration {
   double start_;
 };
 
+// Mean of the iteration times bench::Iteration reported for `state` (max over ranks each).
+double mean_iteration_seconds(const benchmark::State& state);
+
 // Adds nccl-tests counters for a collective of `bytes` per op with bus factor `factor`:
-// algbw = bytes / time, busbw = algbw x factor (GB/s, 1e9), from the benchmark's iteration time.
+// algbw = bytes / time, busbw = algbw x factor (GB/s, 1e9), time = mean iteration time.
+// Call after the timing loop.
 void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_factor);
 
 }  // namespace dtl::bench
