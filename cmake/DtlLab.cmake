@@ -50,14 +50,16 @@ function(dtl_add_lab)
   endforeach()
 
   # Compile each kind of driver once, link it against both sides.
+  # The drivers see the harness and the DEPENDS libraries (e.g. an earlier lab's reference as
+  # ground truth); linking the object library carries those on to both executables.
   macro(_dtl_lab_exe kind sources main_lib)
     add_library(${lab}_${kind}_obj OBJECT ${sources})
-    target_link_libraries(${lab}_${kind}_obj PUBLIC dtl_harness)
+    target_link_libraries(${lab}_${kind}_obj PUBLIC dtl_harness ${L_DEPENDS})
     target_include_directories(${lab}_${kind}_obj PUBLIC ${lab_dir})
     dtl_use_torch(${lab}_${kind}_obj)
     foreach(side student reference)
       add_executable(${lab}_${kind}_${side} $<TARGET_OBJECTS:${lab}_${kind}_obj>)
-      target_link_libraries(${lab}_${kind}_${side} PRIVATE dtl_${lab}_${side} ${main_lib})
+      target_link_libraries(${lab}_${kind}_${side} PRIVATE ${lab}_${kind}_obj dtl_${lab}_${side} ${main_lib})
       dtl_use_torch(${lab}_${kind}_${side})
     endforeach()
   endmacro()

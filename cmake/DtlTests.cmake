@@ -10,8 +10,11 @@
 # rank to one core would make oversubscribed ranks fight. Users may append their own flags.
 set(DTL_MPIEXEC_PREFLAGS --oversubscribe --bind-to none CACHE STRING "Flags dtl passes to mpirun before the program")
 
-# mpirun refuses root unless told; CI boxes and containers run as root.
-set(DTL_TEST_ENVIRONMENT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1)
+# mpirun refuses root unless told; CI boxes and containers run as root. yield_when_idle: an
+# MPI rank waiting for a peer yields its core instead of spinning, which oversubscribed ranks
+# (4 on 2 cores) need to make progress at all.
+set(DTL_TEST_ENVIRONMENT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1)
 
 function(dtl_add_mpi_test)
   cmake_parse_arguments(T "" "NAME;TARGET;TIMEOUT" "RANKS;LABELS;ARGS" ${ARGN})

@@ -291,15 +291,8 @@ TEST(Comm, StatsCountBytesAndWireBytes) {
 
 // ---- bad input: clear dtl::Error naming the constraint, raised before any communication.
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const dtl::Error& e) {
-    return e.what();
-  }
-  return "(no dtl::Error)";
-}
+using dtl::testing::error_of;
+
 
 TEST(CommErrors, SizeMismatchesNameTheConstraint) {
   const int n = W().size();

@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "dtl/runtime.hpp"
@@ -16,20 +17,30 @@ class SilentReporter : public benchmark::BenchmarkReporter {
 };
 }  // namespace
 
+// This process's rank as the launcher tells it, before MPI is up (OpenMPI, Slurm, PMI).
+static int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  bool has_out = false;  // --benchmark_out=FILE: only rank 0 may write it
-  for (int i = 1; i < argc; ++i) has_out |= std::string(argv[i]).rfind("--benchmark_out=", 0) == 0;
+  // Only rank 0 may open --benchmark_out: Google Benchmark truncates the file when it starts,
+  // so other ranks drop the flag before it is parsed.
+  if (launcher_rank() != 0) {
+    int out = 1;
+    for (int i = 1; i < argc; ++i)
+      if (std::string(argv[i]).rfind("--benchmark_out", 0) != 0) argv[out++] = argv[i];
+    argc = out;
+  }
   benchmark::Initialize(&argc, argv);
   try {
     dtl::Runtime rt(argc, argv);
     if (rt.rank() == 0) {
       benchmark::RunSpecifiedBenchmarks();
     } else {
-      SilentReporter display, file;
-      if (has_out)
-        benchmark::RunSpecifiedBenchmarks(&display, &file);
-      else
-        benchmark::RunSpecifiedBenchmarks(&display);
+      SilentReporter display;
+      benchmark::RunSpecifiedBenchmarks(&display);
     }
     benchmark::Shutdown();
   } catch (const std::exception& e) {

@@ -319,7 +319,9 @@ int main(int argc, char** argv) {
       auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
       if (g_rank != 0) {
         delete listeners.Release(listeners.default_result_printer());
-        ::testing::GTEST_FLAG(output) = "";  // only rank 0 writes the JSON/XML report
+        // Only rank 0 writes the JSON/XML report (InitGoogleTest already created the writer on
+        // every rank; ranks writing one file at once would corrupt it).
+        delete listeners.Release(listeners.default_xml_generator());
       }
       auto* listener = new RankListener(rt.control_comm(), watchdog);
       listener->expect_unimplemented = flags.expect_unimplemented;

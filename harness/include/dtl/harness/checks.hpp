@@ -11,6 +11,9 @@
 
 #include <mutex>
 #include <string>
+#include <utility>
+
+#include "dtl/error.hpp"
 
 namespace dtl::testing {
 
@@ -51,6 +54,28 @@ torch::Tensor flat_grads(const torch::nn::Module& m);  // missing grads count as
 // Parameter by parameter, with the parameter's name in the failure message.
 void expect_modules_close(const torch::nn::Module& actual, const torch::nn::Module& expected,
                           double rtol = kRtol, double atol = kAtol, bool grads = false);
+
+// The message of the dtl::Error that fn raises, or "(no dtl::Error)". A NotImplemented is
+// rethrown: an unfinished skeleton must fail as "not implemented", not as a wrong message.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const dtl::NotImplemented&) {
+    throw;
+  } catch (const dtl::Error& e) {
+    return e.what();
+  }
+  return "(no dtl::Error)";
+}
+
+// Expects fn to raise a dtl::Error whose message contains `needle` (the broken constraint).
+template <typename Fn>
+void expect_error_mentions(Fn&& fn, const std::string& needle) {
+  std::string msg = error_of(std::forward<Fn>(fn));
+  EXPECT_NE(msg.find(needle), std::string::npos)
+      << "message: " << msg << "\nexpected a dtl::Error mentioning: " << needle;
+}
 
 // Runs `fn` as the single-process ground truth: torch's global RNG is seeded with `seed` for
 // the call and restored afterwards, and no communication may happen inside. Every rank
