@@ -1,0 +1,190 @@
+// Grading tests of lab 02 (hidden until after the due date): another model shape, longer runs,
+// frozen parameters, sub-communicators, the loss a step reports, and bad input.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "data_parallel.hpp"
+#include "dtl/data.hpp"            // defines: SyntheticCorpus, GlobalBatchSampler
+#include "dtl/error.hpp"           // defines: dtl::Error, dtl::NotImplemented
+#include "dtl/harness/checks.hpp"  // defines: serial, DTL_EXPECT_CLOSE, DTL_EXPECT_SAME_ON_ALL_RANKS
+#include "dtl/runtime.hpp"         // defines: world()
+#include "why_distributed.hpp"     // lab 01 reference: train_step, make_adamw
+
+namespace dtl::lab02 {
+namespace {
+
+using model::GPTConfig;
+
+Comm& W() { return dtl::world(); }
+
+using dtl::testing::expect_error_mentions;
+
+
+GPTConfig untied_deeper() {
+  GPTConfig c;
+  c.vocab_size = 96;
+  c.seq_len = 24;
+  c.n_layer = 3;
+  c.n_head = 4;
+  c.d_model = 48;
+  c.tied_head = false;
+  c.bias = false;
+  return c;
+}
+
+// AdamW with eps 1e-6: see dp_adamw() in the public tests (Adam amplifies last-bit
+// differences of gradients near eps; a larger eps keeps the comparison about DP).
+lab01::OptimConfig dp_adamw(double weight_decay = 0.1) {
+  lab01::OptimConfig oc;
+  oc.eps = 1e-6;
+  oc.weight_decay = weight_decay;
+  return oc;
+}
+
+// Serial ground truth: `steps` steps of lab 01's reference on the global batch.
+torch::Tensor serial_params(const GPTConfig& cfg, const data::GlobalBatchSampler& sampler,
+                            int steps, const lab01::OptimConfig& oc,
+                            const std::vector<std::string>& frozen = {}) {
+  return testing::serial(1, [&] {
+    GPT m(cfg);
+    for (const auto& name : frozen) m->named_parameters()[name].set_requires_grad(false);
+    auto opt = lab01::make_adamw(*m, oc);
+    for (int s = 0; s < steps; ++s) lab01::train_step(m, *opt, sampler.global_batch_at(s));
+    return testing::flat_params(*m);
+  });
+}
+
+TEST(ShardGrading, RejectsBadArguments) {
+  expect_error_mentions([] { shard_range(4, 0, 0); }, "world");
+  expect_error_mentions([] { shard_range(4, 3, 3); }, "rank");
+  expect_error_mentions([] { shard_range(4, -1, 2); }, "rank");
+  expect_error_mentions([] { shard_range(-1, 0, 2); }, "rows");
+  expect_error_mentions([] { shard_batch(torch::zeros({8, 3}), 2, 2); }, "rank");
+}
+
+TEST(ShardGrading, LargeOddSizes) {
+  const int64_t rows = 1000003;  // prime
+  const int world = 7;           // 1000003 = 7 * 142857 + 4
+  EXPECT_EQ(shard_range(rows, 0, world).size(), 142858);
+  EXPECT_EQ(shard_range(rows, 3, world).end, 4 * 142858);
+  EXPECT_EQ(shard_range(rows, 4, world).size(), 142857);
+  EXPECT_EQ(shard_range(rows, 6, world).end, rows);
+}
+
+TEST(AverageGradientsGrading, RejectsBadCounts) {
+  GPT model(GPTConfig::tiny());
+  expect_error_mentions([&] { average_gradients(*model, W(), 0, 0); }, "global_count");
+  expect_error_mentions([&] { average_gradients(*model, W(), 5, 4); }, "local_count");
+  expect_error_mentions([&] { average_gradients(*model, W(), -1, 4); }, "local_count");
+}
+
+// Frozen parameters have no gradient on any rank, and every rank must skip them alike.
+// All-reducing one anyway would give it a .grad of zeros, which AdamW treats as a real
+// gradient: with weight decay the "frozen" weight would then shrink every step.
+TEST(AverageGradientsGrading, FrozenParametersAreSkipped) {
+  const GPTConfig cfg = GPTConfig::tiny();
+  data::SyntheticCorpus corpus(cfg.vocab_size, 13);
+  data::GlobalBatchSampler sampler(corpus, 5, cfg.seq_len);
+  const std::vector<std::string> frozen = {"wpe.weight", "ln_f.bias"};
+  const lab01::OptimConfig oc = dp_adamw();
+  const torch::Tensor expected = serial_params(cfg, sampler, 2, oc, frozen);
+
+  GPT model(cfg);
+  for (const auto& name : frozen) model->named_parameters()[name].set_requires_grad(false);
+  auto opt = lab01::make_adamw(*model, oc);
+  std::shared_ptr<Comm> comm = W().dup();
+  for (int s = 0; s < 2; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), *comm);
+  int64_t trainable = 0;
+  for (const auto& p : model->parameters()) trainable += p.requires_grad() ? 1 : 0;
+  EXPECT_EQ(comm->stats()[OpType::AllReduce].count, 2 * trainable)
+      << "one all-reduce per parameter that requires grad";
+  for (const auto& name : frozen)
+    EXPECT_FALSE(model->named_parameters()[name].grad().defined())
+        << name << " is frozen: it must not get a gradient";
+  DTL_EXPECT_CLOSE(testing::flat_params(*model), expected, 1e-4, 2e-5);
+}
+
+TEST(DataParallelGrading, UntiedDeeperModelManySteps) {
+  const GPTConfig cfg = untied_deeper();
+  const lab01::OptimConfig oc = dp_adamw();
+  const int n = W().size();
+  for (int64_t rows : {int64_t{7}, int64_t{2 * n + 1}, int64_t{n + 1}}) {
+    data::SyntheticCorpus corpus(cfg.vocab_size, 40 + rows);
+    data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+    const int steps = 5;
+    const torch::Tensor expected = serial_params(cfg, sampler, steps, oc);
+    GPT model(cfg);
+    auto opt = lab01::make_adamw(*model, oc);
+    for (int s = 0; s < steps; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), W());
+    const torch::Tensor got = testing::flat_params(*model);
+    DTL_EXPECT_CLOSE(got, expected, 1e-4, 5e-5) << "global batch " << rows;
+    DTL_EXPECT_SAME_ON_ALL_RANKS(got) << "global batch " << rows;
+  }
+}
+
+// dp_train_step must use the Comm it is given: here two independent data-parallel groups
+// (even and odd world ranks) train side by side, each equal to serial training.
+TEST(DataParallelGrading, TrainsOnASubCommunicator) {
+  std::shared_ptr<Comm> group = W().split(W().rank() % 2, W().rank());
+  const GPTConfig cfg = GPTConfig::tiny();
+  data::SyntheticCorpus corpus(cfg.vocab_size, 70 + W().rank() % 2);  // each group its own data
+  data::GlobalBatchSampler sampler(corpus, 5, cfg.seq_len);
+  const torch::Tensor expected = serial_params(cfg, sampler, 2, dp_adamw(0.0));
+  GPT model(cfg);
+  auto opt = lab01::make_adamw(*model, dp_adamw(0.0));
+  for (int s = 0; s < 2; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), *group);
+  DTL_EXPECT_CLOSE(testing::flat_params(*model), expected, 1e-4, 2e-5)
+      << "group " << W().rank() % 2 << " of size " << group->size();
+  const double ring = 2.0 * (group->size() - 1) / group->size();
+  int64_t grad_bytes = 0;
+  for (const auto& p : model->parameters()) grad_bytes += 4 * p.numel();
+  EXPECT_NEAR(group->stats()[OpType::AllReduce].wire_bytes, 2 * ring * grad_bytes,
+              1e-6 * grad_bytes);
+}
+
+TEST(DataParallelGrading, ReportsTheLocalLossBeforeTheUpdate) {
+  const GPTConfig cfg = GPTConfig::tiny();
+  data::SyntheticCorpus corpus(cfg.vocab_size, 17);
+  data::GlobalBatchSampler sampler(corpus, 7, cfg.seq_len);
+  GPT model(cfg), probe(cfg);
+  auto opt = lab01::make_adamw(*model);
+  const int n = W().size(), r = W().rank();
+  const int64_t base = 7 / n, extra = 7 % n;
+  const int64_t begin = r * base + std::min<int64_t>(r, extra);
+  const int64_t rows = base + (r < extra ? 1 : 0);
+  for (int s = 0; s < 2; ++s) {
+    const torch::Tensor global = sampler.global_batch_at(s);
+    double expected = 0;
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < probe->parameters().size(); ++i)
+        probe->parameters()[i].copy_(model->parameters()[i]);
+      if (rows > 0) expected = probe->loss(global.narrow(0, begin, rows)).item<double>();
+    }
+    const StepStats st = dp_train_step(model, *opt, global, W());
+    EXPECT_EQ(st.local_rows, rows);
+    EXPECT_NEAR(st.loss, expected, 1e-5) << "mean loss of this rank's rows, before the step";
+    EXPECT_GE(st.compute_seconds, 0.0);
+    EXPECT_GE(st.comm_seconds, 0.0);
+    EXPECT_GE(st.optimizer_seconds, 0.0);
+  }
+}
+
+TEST(DataParallelGrading, RejectsMalformedGlobalBatch) {
+  GPT model(GPTConfig::tiny());
+  auto opt = lab01::make_adamw(*model);
+  expect_error_mentions([&] { dp_train_step(model, *opt, torch::zeros({17}, torch::kLong), W()); },
+                        "global_batch");
+  expect_error_mentions(
+      [&] {
+        dp_train_step(model, *opt, torch::zeros({0, 17}, torch::kLong), W());
+      },
+      "global_batch");
+}
+
+}  // namespace
+}  // namespace dtl::lab02
