@@ -1,0 +1,45 @@
+// rubric.hpp — defines: Rubric, TestGroup, PerfCheck, load_rubrics.
+// The format is documented in labs/README.md ("rubric.json").
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dtl::grade {
+
+struct TestGroup {
+  std::string name;
+  std::string binary;  // "test" (public) or "grade" (grading-only)
+  std::string filter;  // gtest filter
+  std::vector<int> world_sizes;
+  double points = 0;
+  std::string visibility = "visible";
+  int timeout = 0;  // seconds per run; 0 = the grader's default
+};
+
+struct PerfCheck {
+  std::string name;
+  int ranks = 2;
+  std::string benchmark;  // Google Benchmark name prefix, e.g. "BM_Ring/16777216"
+  std::string counter;    // a counter (e.g. busbw_GBps) or "real_time"
+  bool higher_is_better = true;
+  double min_ratio = 0.8;
+  double points = 0;
+};
+
+struct Rubric {
+  std::string lab;    // "03"
+  std::string slug;   // "03_ring_allreduce"
+  std::string title;
+  std::vector<std::string> student_files;
+  std::vector<TestGroup> tests;
+  std::vector<PerfCheck> performance;
+  double max_points() const;
+};
+
+// Every grading/NN_slug/rubric.json under `source_dir`, sorted by lab number; `only` (if not
+// empty) keeps those lab numbers. Throws std::runtime_error naming the file and field on
+// malformed rubrics.
+std::vector<Rubric> load_rubrics(const std::string& source_dir, const std::vector<std::string>& only);
+
+}  // namespace dtl::grade
