@@ -82,6 +82,9 @@ function(dtl_add_lab)
   endif()
   if(L_GRADING_TESTS)
     _dtl_lab_exe(grade "${L_GRADING_TESTS}" dtl_test_main)
+    # The reference must pass the grading tests too (CI runs these; students never see them).
+    dtl_add_mpi_test(NAME ${lab}.grading TARGET ${lab}_grade_reference RANKS ${L_WORLD_SIZES}
+                     LABELS "${lab};reference;grading-tests" TIMEOUT ${L_TIMEOUT})
   endif()
   if(L_BENCH)
     _dtl_lab_exe(bench ${lab_dir}/${L_BENCH} dtl_bench_main)
