@@ -258,8 +258,12 @@ class Grader {
       run.reason = fmt::format("timed out after {} s at n={} (a hang: see the watchdog's report)",
                                timeout, n);
     } else if (auto pos = res.output.find("[dtl watchdog] summary"); pos != std::string::npos) {
-      run.reason = fmt::format("hang at n={} stopped by the watchdog: {}", n,
-                               first_line(res.output.substr(res.output.find('\n', pos) + 1)));
+      // The summary's "ranks [..]: state" lines, joined: who waits where, who is missing.
+      std::istringstream lines(res.output.substr(res.output.find('\n', pos) + 1));
+      std::string line, states;
+      while (std::getline(lines, line) && line.rfind("  ranks [", 0) == 0)
+        states += (states.empty() ? "" : "; ") + line.substr(2);
+      run.reason = fmt::format("hang at n={} stopped by the watchdog: {}", n, first_line(states, 300));
     } else if (auto sig = res.output.find("exited on signal"); sig != std::string::npos) {
       auto start = res.output.rfind('\n', sig);
       run.reason = fmt::format("crashed at n={}: {}", n,
