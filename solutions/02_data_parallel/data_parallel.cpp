@@ -15,6 +15,7 @@
 
 #include "dtl/error.hpp"  // defines: DTL_CHECK
 #include "dtl/timer.hpp"  // defines: Timer
+#include "dtl/trace.hpp"  // defines: DTL_SCOPE
 
 namespace dtl::lab02 {
 
@@ -77,6 +78,7 @@ StepStats dp_train_step(GPT& model, torch::optim::Optimizer& optimizer,
   const torch::Tensor local = shard_batch(global_batch, comm.rank(), comm.size());
   stats.local_rows = local.size(0);
   if (stats.local_rows > 0) {  // the mean over zero rows would be NaN: skip, contribute zeros
+    DTL_SCOPE("forward+backward");  // a compute bar in --trace / --gantt timelines
     torch::Tensor loss = model->loss(local);
     loss.backward();
     stats.loss = loss.item<double>();
@@ -90,6 +92,7 @@ StepStats dp_train_step(GPT& model, torch::optim::Optimizer& optimizer,
   stats.comm_seconds = comm_timer.seconds();
 
   Timer step;
+  DTL_SCOPE("optimizer");
   optimizer.step();  // identical grads + identical weights -> identical new weights
   stats.optimizer_seconds = step.seconds();
   return stats;
