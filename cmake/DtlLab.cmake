@@ -5,7 +5,8 @@
 #               TESTS tests/data_parallel_test.cpp # public tests (labs/NN_slug/tests)
 #               [GRADING_TESTS ...]                 # default: grading/NN_slug/*_test.cpp
 #               [BENCH bench.cpp] [MAIN main.cpp]
-#               [WORLD_SIZES 1 2 3 4] [DEPENDS dtl_lab01_reference ...] [TIMEOUT 300])
+#               [WORLD_SIZES 1 2 3 4] [DEPENDS dtl_lab01_reference ...] [TIMEOUT 300]
+#               [DEMO_RANKS 2])                     # default -n of ./lab run NN
 #
 # Builds, from labs/NN_slug and solutions/NN_slug:
 #   dtl_labNN_student, dtl_labNN_reference   libraries (interface header in labs/NN_slug)
@@ -17,7 +18,7 @@
 # Only the reference entries run by default in `./lab test`; students run their own with
 # `./lab test NN` (the student label).
 function(dtl_add_lab)
-  cmake_parse_arguments(L "" "NUMBER;SLUG;BENCH;MAIN;TIMEOUT"
+  cmake_parse_arguments(L "" "NUMBER;SLUG;BENCH;MAIN;TIMEOUT;DEMO_RANKS"
                         "SOURCES;TESTS;GRADING_TESTS;WORLD_SIZES;DEPENDS" ${ARGN})
   set(lab lab${L_NUMBER})
   set(name ${L_NUMBER}_${L_SLUG})
@@ -91,6 +92,11 @@ function(dtl_add_lab)
   endif()
   if(L_MAIN)
     _dtl_lab_exe(run ${lab_dir}/${L_MAIN} "")
+    if(NOT L_DEMO_RANKS)
+      set(L_DEMO_RANKS 2)
+    endif()
+    # ./lab run NN reads it when no -n is given.
+    file(WRITE ${CMAKE_BINARY_DIR}/bin/${lab}.demo_ranks "${L_DEMO_RANKS}\n")
   endif()
   # Where the grader and ./lab find the lab's world sizes.
   set_property(GLOBAL APPEND PROPERTY DTL_LABS "${L_NUMBER}:${L_SLUG}:${L_WORLD_SIZES}")
