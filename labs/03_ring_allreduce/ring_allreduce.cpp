@@ -36,25 +36,6 @@ namespace {
                         c10::toString(t.scalar_type()), what));
 }
 
-// out = a (op) b elementwise; `out` may be `a` itself (accumulate in place, no temporary).
-// Avg reduces like Sum: divide once at the end (finish_avg), not at every hop.
-[[maybe_unused]] void combine(const torch::Tensor& out, const torch::Tensor& a,
-                              const torch::Tensor& b, ReduceOp op) {
-  torch::Tensor o = out;  // the *_out functions take a non-const reference
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg:
-      at::add_out(o, a, b);
-      break;
-    case ReduceOp::Max:
-      at::maximum_out(o, a, b);
-      break;
-    case ReduceOp::Min:
-      at::minimum_out(o, a, b);
-      break;
-  }
-}
-
 // Avg = Sum / n; integer dtypes truncate toward zero, as Comm::all_reduce does.
 [[maybe_unused]] void finish_avg(const torch::Tensor& t, ReduceOp op, int n) {
   if (op != ReduceOp::Avg || n == 1) return;
@@ -124,7 +105,7 @@ void ring_all_reduce(Comm& comm, const torch::Tensor& tensor, ReduceOp op) {
 
 void recursive_doubling_all_reduce(Comm& comm, const torch::Tensor& tensor, ReduceOp op) {
   // TODO(lab03): lg n rounds of whole-tensor exchanges with rank ^ mask, in place.
-  //  - Exchange into a scratch tensor, then combine(data, data, incoming, op).
+  //  - Exchange into a scratch tensor, then combine(data, data, incoming, op) (given in the header).
   //  - n not a power of two: fold the extra ranks in first and out at the end (header).
   DTL_UNIMPLEMENTED("lab 03: recursive_doubling_all_reduce (Task 5)");
 }

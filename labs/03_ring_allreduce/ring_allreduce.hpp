@@ -127,4 +127,24 @@ void ring_all_reduce(Comm& comm, const torch::Tensor& tensor, ReduceOp op = Redu
 void recursive_doubling_all_reduce(Comm& comm, const torch::Tensor& tensor,
                                    ReduceOp op = ReduceOp::Sum);
 
+// Given helper (skeleton and reference both use it): out = a (op) b elementwise with torch's
+// vectorised kernels; `out` may be `a` itself (accumulate in place, no temporary). Avg
+// reduces as Sum: the division by n happens once, at the end, not at every hop.
+inline void combine(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                    ReduceOp op) {
+  torch::Tensor o = out;  // the *_out functions take a non-const reference (to the handle)
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      at::add_out(o, a, b);
+      break;
+    case ReduceOp::Max:
+      at::maximum_out(o, a, b);
+      break;
+    case ReduceOp::Min:
+      at::minimum_out(o, a, b);
+      break;
+  }
+}
+
 }  // namespace dtl::lab03

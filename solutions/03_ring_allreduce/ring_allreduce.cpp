@@ -62,26 +62,6 @@ void check_tensor(const Comm& comm, const torch::Tensor& t, const char* fn, cons
                         fn, c10::toString(t.scalar_type()), what));
 }
 
-// out = a (op) b elementwise, with torch's vectorised kernels; `out` may be `a` itself
-// (accumulate in place, no temporary). Avg reduces as Sum: the division by n happens once, at
-// the end (finish_avg), not at every hop.
-void combine(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
-             ReduceOp op) {
-  torch::Tensor o = out;  // the *_out functions take a non-const reference (to the handle)
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg:
-      at::add_out(o, a, b);
-      break;
-    case ReduceOp::Max:
-      at::maximum_out(o, a, b);
-      break;
-    case ReduceOp::Min:
-      at::minimum_out(o, a, b);
-      break;
-  }
-}
-
 // Avg = Sum / n; integer dtypes truncate toward zero, as Comm::all_reduce does.
 void finish_avg(const torch::Tensor& t, ReduceOp op, int n) {
   if (op != ReduceOp::Avg || n == 1) return;
