@@ -10,7 +10,7 @@
 
 #include <cstdio>
 
-#include "dtl/harness/perf.hpp"
+#include "dtl/perf.hpp"
 #include "dtl/log.hpp"
 #include "dtl/net.hpp"
 #include "dtl/runtime.hpp"
@@ -46,7 +46,7 @@ void probe_pair(dtl::Comm& world, int a, int b, const char* what, const dtl::net
   dtl::print0("{:>10} {:>12} {:>12} {:>8}", "bytes", "measured ms", "model ms", "ratio");
   for (int64_t bytes = 4096; bytes <= (4 << 20); bytes *= 4) {
     auto out = torch::ones({bytes / 4}), in = torch::empty({bytes / 4});
-    auto m = dtl::testing::measure([&] {
+    auto m = dtl::measure([&] {
       if (pair) pair->sendrecv(out, 1 - pair->rank(), in, 1 - pair->rank());
     }, 1, 5);
     const double model = link.time(static_cast<double>(bytes)) * scale;
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     dtl::print0("{:>10} {:>12} {:>12} {:>8}", "bytes", "measured ms", "model ms", "ratio");
     for (int64_t bytes = 4096; bytes <= (4 << 20); bytes *= 16) {
       auto t = torch::ones({bytes / 4});
-      auto m = dtl::testing::measure([&] { world.all_reduce(t); }, 1, 5);
+      auto m = dtl::measure([&] { world.all_reduce(t); }, 1, 5);
       double model = dtl::net::collective_cost("all_reduce", static_cast<double>(bytes), all);
       dtl::print0("{:>10} {:>12.3f} {:>12.3f} {:>8.3f}", bytes, m.median * 1e3, model * 1e3,
                   m.median / model);

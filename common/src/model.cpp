@@ -101,6 +101,29 @@ GPTConfig GPTConfig::tiny() {
   return c;
 }
 
+GPTConfig GPTConfig::gpt3_175b() {
+  GPTConfig c;
+  c.vocab_size = 50257;
+  c.seq_len = 2048;
+  c.n_layer = 96;
+  c.n_head = 96;
+  c.d_model = 12288;
+  return c;
+}
+
+GPTConfig GPTConfig::llama2_7b_like() {
+  GPTConfig c;
+  c.vocab_size = 32000;
+  c.seq_len = 4096;
+  c.n_layer = 32;
+  c.n_head = 32;
+  c.d_model = 4096;
+  c.d_ff = 16512;
+  c.tied_head = false;
+  c.bias = false;
+  return c;
+}
+
 // ---- initialisation ----
 
 torch::Tensor init_normal(uint64_t seed, const std::string& name, at::IntArrayRef shape,

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "dtl/harness/perf.hpp"
+#include "dtl/perf.hpp"
 #include "dtl/net.hpp"
 #include "dtl/runtime.hpp"
 #include "dtl/trace.hpp"
@@ -126,7 +126,7 @@ TEST(Trace, ExposedCommEqualsStepMinusCompute) {
   dtl::net::set(dtl::net::Spec::parse("intra=20MB/s,2ms"));
   TraceGuard guard;
   auto g = torch::ones({100'000});  // 400 KB: ~20-40 ms emulated
-  dtl::testing::control_barrier();
+  dtl::control_barrier();
   double t0 = dtl::trace::now();
   {
     DTL_SCOPE("compute");

@@ -68,7 +68,7 @@ TEST(FlopsGrading, MoreHandComputedConfigs) {
   EXPECT_EQ(param_count(c), 1352);
   EXPECT_DOUBLE_EQ(flops_per_token(c), 6.0 * 1352 + 12.0 * 1 * 8 * 8);  // 8880
   // The 7B model: attention is 12*32*4096*4096 = 6.4 GFLOP of 47 GFLOP per token at 4k context.
-  EXPECT_DOUBLE_EQ(flops_per_token(llama_7b_like()), 46975205376.0);
+  EXPECT_DOUBLE_EQ(flops_per_token(GPTConfig::llama2_7b_like()), 46975205376.0);
   // Doubling the context adds 12 L d T more attention FLOPs and 6 * S * d for the positions.
   GPTConfig longer = c;
   longer.seq_len = 16;
@@ -77,7 +77,7 @@ TEST(FlopsGrading, MoreHandComputedConfigs) {
 
 TEST(StateBytesGrading, RealModels) {
   const int64_t n175 = 174604259328LL, n7 = 6755459072LL;
-  const StateBytes g = training_state_bytes(gpt3_175b(), Precision::kFP32, OptimizerKind::kAdamW);
+  const StateBytes g = training_state_bytes(GPTConfig::gpt3_175b(), Precision::kFP32, OptimizerKind::kAdamW);
   EXPECT_EQ(g.params, 4 * n175);
   EXPECT_EQ(g.grads, 4 * n175);
   EXPECT_EQ(g.master, 0);
@@ -85,14 +85,14 @@ TEST(StateBytesGrading, RealModels) {
   EXPECT_EQ(g.total(), 16 * n175);
   // Megatron's distributed-optimizer table: bf16 params + fp32 grads, Adam: 18 bytes/param.
   EXPECT_EQ(
-      training_state_bytes(llama_7b_like(), Precision::kMixedBF16FP32Grads, OptimizerKind::kAdamW)
+      training_state_bytes(GPTConfig::llama2_7b_like(), Precision::kMixedBF16FP32Grads, OptimizerKind::kAdamW)
           .total(),
       18 * n7);
   EXPECT_EQ(
-      training_state_bytes(llama_7b_like(), Precision::kMixedBF16, OptimizerKind::kSGD).total(),
+      training_state_bytes(GPTConfig::llama2_7b_like(), Precision::kMixedBF16, OptimizerKind::kSGD).total(),
       8 * n7);
   EXPECT_EQ(
-      training_state_bytes(llama_7b_like(), Precision::kFP32, OptimizerKind::kSGDMomentum).total(),
+      training_state_bytes(GPTConfig::llama2_7b_like(), Precision::kFP32, OptimizerKind::kSGDMomentum).total(),
       12 * n7);
 }
 

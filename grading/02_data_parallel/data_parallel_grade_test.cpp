@@ -12,7 +12,8 @@
 #include "dtl/error.hpp"           // defines: dtl::Error, dtl::NotImplemented
 #include "dtl/harness/checks.hpp"  // defines: serial, DTL_EXPECT_CLOSE, DTL_EXPECT_SAME_ON_ALL_RANKS
 #include "dtl/runtime.hpp"         // defines: world()
-#include "why_distributed.hpp"     // lab 01 reference: train_step, make_adamw
+#include "dtl/optim.hpp"           // defines: OptimConfig, make_adamw
+#include "dtl/train.hpp"           // defines: train_step (the single-process ground truth)
 
 namespace dtl::lab02 {
 namespace {
@@ -38,8 +39,8 @@ GPTConfig untied_deeper() {
 
 // AdamW with eps 1e-6: see dp_adamw() in the public tests (Adam amplifies last-bit
 // differences of gradients near eps; a larger eps keeps the comparison about DP).
-lab01::OptimConfig dp_adamw(double weight_decay = 0.1) {
-  lab01::OptimConfig oc;
+dtl::OptimConfig dp_adamw(double weight_decay = 0.1) {
+  dtl::OptimConfig oc;
   oc.eps = 1e-6;
   oc.weight_decay = weight_decay;
   return oc;
@@ -47,13 +48,13 @@ lab01::OptimConfig dp_adamw(double weight_decay = 0.1) {
 
 // Serial ground truth: `steps` steps of lab 01's reference on the global batch.
 torch::Tensor serial_params(const GPTConfig& cfg, const data::GlobalBatchSampler& sampler,
-                            int steps, const lab01::OptimConfig& oc,
+                            int steps, const dtl::OptimConfig& oc,
                             const std::vector<std::string>& frozen = {}) {
   return testing::serial(1, [&] {
     GPT m(cfg);
     for (const auto& name : frozen) m->named_parameters()[name].set_requires_grad(false);
-    auto opt = lab01::make_adamw(*m, oc);
-    for (int s = 0; s < steps; ++s) lab01::train_step(m, *opt, sampler.global_batch_at(s));
+    auto opt = dtl::make_adamw(*m, oc);
+    for (int s = 0; s < steps; ++s) dtl::train_step(m, *opt, sampler.global_batch_at(s));
     return testing::flat_params(*m);
   });
 }
@@ -90,12 +91,12 @@ TEST(AverageGradientsGrading, FrozenParametersAreSkipped) {
   data::SyntheticCorpus corpus(cfg.vocab_size, 13);
   data::GlobalBatchSampler sampler(corpus, 5, cfg.seq_len);
   const std::vector<std::string> frozen = {"wpe.weight", "ln_f.bias"};
-  const lab01::OptimConfig oc = dp_adamw();
+  const dtl::OptimConfig oc = dp_adamw();
   const torch::Tensor expected = serial_params(cfg, sampler, 2, oc, frozen);
 
   GPT model(cfg);
   for (const auto& name : frozen) model->named_parameters()[name].set_requires_grad(false);
-  auto opt = lab01::make_adamw(*model, oc);
+  auto opt = dtl::make_adamw(*model, oc);
   std::shared_ptr<Comm> comm = W().dup();
   for (int s = 0; s < 2; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), *comm);
   int64_t trainable = 0;
@@ -110,7 +111,7 @@ TEST(AverageGradientsGrading, FrozenParametersAreSkipped) {
 
 TEST(DataParallelGrading, UntiedDeeperModelManySteps) {
   const GPTConfig cfg = untied_deeper();
-  const lab01::OptimConfig oc = dp_adamw();
+  const dtl::OptimConfig oc = dp_adamw();
   const int n = W().size();
   for (int64_t rows : {int64_t{7}, int64_t{2 * n + 1}, int64_t{n + 1}}) {
     data::SyntheticCorpus corpus(cfg.vocab_size, 40 + rows);
@@ -118,7 +119,7 @@ TEST(DataParallelGrading, UntiedDeeperModelManySteps) {
     const int steps = 5;
     const torch::Tensor expected = serial_params(cfg, sampler, steps, oc);
     GPT model(cfg);
-    auto opt = lab01::make_adamw(*model, oc);
+    auto opt = dtl::make_adamw(*model, oc);
     for (int s = 0; s < steps; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), W());
     const torch::Tensor got = testing::flat_params(*model);
     DTL_EXPECT_CLOSE(got, expected, 1e-4, 5e-5) << "global batch " << rows;
@@ -135,7 +136,7 @@ TEST(DataParallelGrading, TrainsOnASubCommunicator) {
   data::GlobalBatchSampler sampler(corpus, 5, cfg.seq_len);
   const torch::Tensor expected = serial_params(cfg, sampler, 2, dp_adamw(0.0));
   GPT model(cfg);
-  auto opt = lab01::make_adamw(*model, dp_adamw(0.0));
+  auto opt = dtl::make_adamw(*model, dp_adamw(0.0));
   for (int s = 0; s < 2; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), *group);
   DTL_EXPECT_CLOSE(testing::flat_params(*model), expected, 1e-4, 2e-5)
       << "group " << W().rank() % 2 << " of size " << group->size();
@@ -151,7 +152,7 @@ TEST(DataParallelGrading, ReportsTheLocalLossBeforeTheUpdate) {
   data::SyntheticCorpus corpus(cfg.vocab_size, 17);
   data::GlobalBatchSampler sampler(corpus, 7, cfg.seq_len);
   GPT model(cfg), probe(cfg);
-  auto opt = lab01::make_adamw(*model);
+  auto opt = dtl::make_adamw(*model);
   const int n = W().size(), r = W().rank();
   const int64_t base = 7 / n, extra = 7 % n;
   const int64_t begin = r * base + std::min<int64_t>(r, extra);
@@ -176,7 +177,7 @@ TEST(DataParallelGrading, ReportsTheLocalLossBeforeTheUpdate) {
 
 TEST(DataParallelGrading, RejectsMalformedGlobalBatch) {
   GPT model(GPTConfig::tiny());
-  auto opt = lab01::make_adamw(*model);
+  auto opt = dtl::make_adamw(*model);
   expect_error_mentions([&] { dp_train_step(model, *opt, torch::zeros({17}, torch::kLong), W()); },
                         "global_batch");
   expect_error_mentions(

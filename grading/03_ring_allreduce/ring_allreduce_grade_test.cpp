@@ -14,7 +14,7 @@
 #include "dtl/comm.hpp"
 #include "dtl/error.hpp"
 #include "dtl/harness/checks.hpp"
-#include "dtl/harness/perf.hpp"
+#include "dtl/perf.hpp"
 #include "dtl/runtime.hpp"
 #include "ring_allreduce.hpp"
 #include "tests/ring_test_util.hpp"
@@ -114,7 +114,7 @@ TEST(GradeRingAllReduce, RepeatedCallsInterleavedWithBuiltins) {
     dtl::lab03::recursive_doubling_all_reduce(*comm, c);
     DTL_EXPECT_EQUAL(a, b) << "round " << round;
     DTL_EXPECT_EQUAL(c, b) << "round " << round;
-    auto rs = torch::empty({chunk_range(numel, n, r).numel()}, torch::kInt64);
+    auto rs = torch::empty({chunk_range(numel, n, r).size()}, torch::kInt64);
     dtl::lab03::ring_reduce_scatter(*comm, rs, a);
     auto ag = torch::empty({numel}, torch::kInt64);
     dtl::lab03::ring_all_gather(*comm, ag, rs);
@@ -132,7 +132,7 @@ TEST(GradeRingAllReduce, ExactBytesAtPipelinedSizes) {
   EXPECT_EQ(collectives_used(s), "");
   EXPECT_LE(sendrecv_destinations(*comm).size(), 1u);
   const double S = numel * 4.0, sent = static_cast<double>(s[OpType::SendRecv].bytes);
-  EXPECT_EQ(dtl::testing::sum_over_ranks(sent), 2.0 * (n - 1) * S);
+  EXPECT_EQ(dtl::sum_over_ranks(sent), 2.0 * (n - 1) * S);
   const auto [lo, hi] = chunk_extremes(numel, n);
   EXPECT_GE(sent, 2 * S - 2 * hi * 4.0);
   EXPECT_LE(sent, 2 * S - 2 * lo * 4.0);
@@ -150,7 +150,7 @@ TEST(GradeRingReduceScatter, PrimeSizesEveryOp) {
         auto input = random_tensor(numel, dtype), before = input.clone(), full = input.clone();
         comm->all_reduce(full, op);
         const auto mine = chunk_range(numel, n, r);
-        auto output = torch::full({mine.numel()}, 7, dtype);
+        auto output = torch::full({mine.size()}, 7, dtype);
         dtl::lab03::ring_reduce_scatter(*comm, output, input, op);
         EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), op))
             << label(dtype, op, numel);
@@ -166,12 +166,12 @@ TEST(GradeRingReduceScatter, NonContiguousInputAndOutput) {
   auto full = input.contiguous().view({-1}).clone();
   comm->all_reduce(full);
   const auto mine = chunk_range(input.numel(), n, r);
-  auto holder = torch::full({2 * mine.numel() + 1}, -3.0, torch::kFloat64);
-  auto output = holder.slice(0, 1, 2 * mine.numel() + 1, 2);  // every other element
+  auto holder = torch::full({2 * mine.size() + 1}, -3.0, torch::kFloat64);
+  auto output = holder.slice(0, 1, 2 * mine.size() + 1, 2);  // every other element
   dtl::lab03::ring_reduce_scatter(*comm, output, input);
   EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Sum));
-  DTL_EXPECT_EQUAL(holder.slice(0, 0, 2 * mine.numel() + 1, 2),
-                   torch::full({mine.numel() + 1}, -3.0, torch::kFloat64));
+  DTL_EXPECT_EQUAL(holder.slice(0, 0, 2 * mine.size() + 1, 2),
+                   torch::full({mine.size() + 1}, -3.0, torch::kFloat64));
 }
 
 TEST(GradeRingAllGather, PrimeSizesAndViews) {
@@ -191,7 +191,7 @@ TEST(GradeRingAllGather, PrimeSizesAndViews) {
   const auto mine = chunk_range(numel, n, r);
   auto holder = torch::zeros({numel, 2});
   auto output = holder.select(1, 1);  // stride 2
-  auto in_holder = torch::zeros({mine.numel(), 3});
+  auto in_holder = torch::zeros({mine.size(), 3});
   in_holder.select(1, 2).copy_(whole.slice(0, mine.begin, mine.end));
   dtl::lab03::ring_all_gather(*comm, output, in_holder.select(1, 2));
   DTL_EXPECT_EQUAL(holder.select(1, 1), whole);
@@ -244,7 +244,7 @@ TEST(GradeBadInput, EveryConstraintRaisesBeforeAnythingIsSent) {
   using dtl::lab03::ring_all_gather;
   using dtl::lab03::ring_all_reduce;
   using dtl::lab03::ring_reduce_scatter;
-  const int64_t numel = 3 * n + 2, mine = chunk_range(numel, n, r).numel();
+  const int64_t numel = 3 * n + 2, mine = chunk_range(numel, n, r).size();
   auto ok_in = torch::ones({numel});
   auto ok_out = torch::empty({mine});
   ::testing::Matcher<std::string> tensor = ::testing::HasSubstr("tensor");

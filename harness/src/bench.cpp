@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "dtl/harness/perf.hpp"
+#include "dtl/perf.hpp"
 #include "dtl/timer.hpp"
 
 namespace dtl::bench {
@@ -17,13 +17,13 @@ namespace dtl::bench {
 static std::vector<double> g_times;
 
 Iteration::Iteration(benchmark::State& state) : state_(state) {
-  testing::control_barrier();
+  dtl::control_barrier();
   start_ = now_seconds();
 }
 
 Iteration::~Iteration() {
   // Every rank reports the slowest rank's time, so every rank's adaptive iteration count agrees.
-  double t = testing::max_over_ranks(now_seconds() - start_);
+  double t = dtl::max_over_ranks(now_seconds() - start_);
   state_.SetIterationTime(t);
   if (g_times.size() > (1u << 22)) g_times.erase(g_times.begin(), g_times.end() - (1u << 20));
   g_times.push_back(t);

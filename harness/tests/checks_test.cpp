@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "dtl/harness/checks.hpp"
-#include "dtl/harness/perf.hpp"
+#include "dtl/perf.hpp"
 #include "dtl/runtime.hpp"
 
 namespace {
@@ -77,15 +77,15 @@ TEST(Checks, FlatParamsAndModuleComparison) {
 }
 
 TEST(Perf, MeasureIsCollectiveAndOrdered) {
-  auto m = dtl::testing::measure([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }, 1, 5);
+  auto m = dtl::measure([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }, 1, 5);
   ASSERT_EQ(m.seconds.size(), 5u);
   EXPECT_GE(m.min, 0.002);
   EXPECT_LE(m.min, m.median);
   EXPECT_LE(m.median, m.max);
   // Every rank got the same (max-over-ranks) numbers.
   DTL_EXPECT_SAME_ON_ALL_RANKS(torch::tensor(m.seconds, torch::kFloat64));
-  EXPECT_DOUBLE_EQ(dtl::testing::sum_over_ranks(1.0), dtl::world().size());
-  EXPECT_DOUBLE_EQ(dtl::testing::max_over_ranks(dtl::world().rank()), dtl::world().size() - 1);
+  EXPECT_DOUBLE_EQ(dtl::sum_over_ranks(1.0), dtl::world().size());
+  EXPECT_DOUBLE_EQ(dtl::max_over_ranks(dtl::world().rank()), dtl::world().size() - 1);
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include "dtl/data.hpp"          // defines: SyntheticCorpus, GlobalBatchSampler
-#include "dtl/harness/perf.hpp"  // defines: max_over_ranks
+#include "dtl/perf.hpp"          // defines: max_over_ranks, measure_matmul_flops
 #include "dtl/timer.hpp"         // defines: Timer
 #include "why_distributed.hpp"
 
@@ -17,7 +17,7 @@ using dtl::lab01::GPTConfig;
 
 // Measured once per process, on first use: the MFU denominator.
 double peak_flops() {
-  static const double peak = dtl::lab01::measure_matmul_flops();
+  static const double peak = dtl::measure_matmul_flops();
   return peak;
 }
 
@@ -31,7 +31,7 @@ void BM_TrainStep(benchmark::State& state) {
   cfg.d_model = state.range(0);
   const int64_t batch = 16;
   dtl::lab01::GPT model(cfg);
-  auto optimizer = dtl::lab01::make_adamw(*model);
+  auto optimizer = dtl::make_adamw(*model);
   dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 1);
   dtl::data::GlobalBatchSampler sampler(corpus, batch, cfg.seq_len);
   const double peak = peak_flops();
@@ -44,7 +44,7 @@ void BM_TrainStep(benchmark::State& state) {
     dtl::bench::Iteration it(state);
     dtl::Timer t;
     dtl::lab01::train_step(model, *optimizer, tokens);
-    seconds += dtl::testing::max_over_ranks(t.seconds());
+    seconds += dtl::max_over_ranks(t.seconds());
   }
   const double tokens_per_s =
       static_cast<double>(state.iterations() * batch * cfg.seq_len) / seconds;

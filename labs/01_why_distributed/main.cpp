@@ -21,6 +21,7 @@
 #include "dtl/error.hpp"    // defines: dtl::Error
 #include "dtl/log.hpp"      // defines: print0, Progress
 #include "dtl/memory.hpp"   // defines: format_bytes
+#include "dtl/perf.hpp"     // defines: measure_matmul_flops
 #include "dtl/runtime.hpp"  // defines: Runtime, RuntimeOptions
 #include "dtl/timer.hpp"    // defines: Timer
 #include "why_distributed.hpp"
@@ -54,8 +55,8 @@ void print_scaling_table(const GPTConfig& ours, double ours_tokens) {
     GPTConfig cfg;
     double tokens;
   };
-  const Row rows[] = {{"GPT-3 175B", dtl::lab01::gpt3_175b(), 300e9},
-                      {"7B (LLaMA shapes)", dtl::lab01::llama_7b_like(), 1e12},
+  const Row rows[] = {{"GPT-3 175B", GPTConfig::gpt3_175b(), 300e9},
+                      {"7B (Llama 2 shapes)", GPTConfig::llama2_7b_like(), 2e12},
                       {"this run's model", ours, ours_tokens}};
   dtl::print0("\nThe same formulas at scale (A100: {} bf16 peak, {:.0f}% MFU, 80 GB):",
               si(kPeak, "FLOP/s"), kMfu * 100);
@@ -93,7 +94,7 @@ int main(int argc, char** argv) {
   int steps = 200, every = 20, branching = 4;
   int64_t batch = 16;
   std::vector<int64_t> matmul_sizes = {256, 512, 768};
-  dtl::lab01::OptimConfig optim;
+  dtl::OptimConfig optim;
   optim.lr = 1e-2;
   app.add_option("--steps", steps, "training steps")->capture_default_str();
   app.add_option("--batch", batch, "sequences per step")->capture_default_str();
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
                 dtl::memory::format_bytes(state.grads), dtl::memory::format_bytes(state.optimizer));
 
     // ---- the machine: what a dense fp32 matmul reaches with this process's threads
-    const double peak = dtl::lab01::measure_matmul_flops(matmul_sizes);
+    const double peak = dtl::measure_matmul_flops(matmul_sizes);
     dtl::print0(
         "machine: best fp32 matmul (n = {}) on {} intra-op thread(s): {} (the MFU "
         "denominator)",
@@ -158,14 +159,14 @@ int main(int argc, char** argv) {
         std::log(static_cast<double>(cfg.vocab_size)));
 
     // ---- train
-    auto optimizer = dtl::lab01::make_adamw(*model, optim);
+    auto optimizer = dtl::make_adamw(*model, optim);
     dtl::Progress progress("train", steps, every);
     std::deque<float> recent;  // the last 10 losses: each on fresh data, so an honest estimate
     double train_seconds = 0;
     const double tokens_per_step = static_cast<double>(batch * cfg.seq_len);
     for (int step = 0; step < steps; ++step) {
       const torch::Tensor tokens = sampler.global_batch_at(step);  // data prep not timed
-      dtl::lab01::set_lr(*optimizer, dtl::lab01::cosine_lr(optim, step, steps));
+      dtl::set_lr(*optimizer, dtl::cosine_lr(optim, step, steps));
       dtl::Timer t;
       const float loss = dtl::lab01::train_step(model, *optimizer, tokens);
       train_seconds += t.seconds();

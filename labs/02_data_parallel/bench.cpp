@@ -9,9 +9,9 @@
 
 #include "data_parallel.hpp"
 #include "dtl/data.hpp"          // defines: SyntheticCorpus, GlobalBatchSampler
-#include "dtl/harness/perf.hpp"  // defines: max_over_ranks
+#include "dtl/optim.hpp"         // defines: make_adamw
+#include "dtl/perf.hpp"          // defines: max_over_ranks
 #include "dtl/runtime.hpp"       // defines: world()
-#include "why_distributed.hpp"   // lab 01 reference: make_adamw
 
 namespace {
 
@@ -25,7 +25,7 @@ void BM_DPStep(benchmark::State& state) {
   cfg.d_model = state.range(0);
   const int64_t batch = 16;
   dtl::model::GPT model(cfg);
-  auto optimizer = dtl::lab01::make_adamw(*model);
+  auto optimizer = dtl::make_adamw(*model);
   dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 1);
   dtl::data::GlobalBatchSampler sampler(corpus, batch, cfg.seq_len);
   std::shared_ptr<dtl::Comm> comm = dtl::world().dup();  // gradient traffic only
@@ -41,9 +41,9 @@ void BM_DPStep(benchmark::State& state) {
       st = dtl::lab02::dp_train_step(model, *optimizer, global, *comm);
     }
     // The slowest rank's numbers (collective: every rank calls, every iteration).
-    compute += dtl::testing::max_over_ranks(st.compute_seconds);
-    comm_time += dtl::testing::max_over_ranks(st.comm_seconds);
-    optimizer_time += dtl::testing::max_over_ranks(st.optimizer_seconds);
+    compute += dtl::max_over_ranks(st.compute_seconds);
+    comm_time += dtl::max_over_ranks(st.comm_seconds);
+    optimizer_time += dtl::max_over_ranks(st.optimizer_seconds);
   }
   using benchmark::Counter;
   const double iters = static_cast<double>(state.iterations());

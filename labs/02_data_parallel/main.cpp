@@ -25,17 +25,8 @@
 #include "dtl/memory.hpp"       // defines: format_bytes
 #include "dtl/runtime.hpp"      // defines: Runtime, RuntimeOptions
 #include "dtl/timer.hpp"        // defines: Timer
-#include "why_distributed.hpp"  // lab 01 reference: make_adamw
-
-namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+#include "dtl/optim.hpp"        // defines: OptimConfig, make_adamw
+#include "dtl/perf.hpp"         // defines: median
 
 int main(int argc, char** argv) {
   CLI::App app{"lab 02: data-parallel training; compute vs communication per step"};
@@ -49,7 +40,7 @@ int main(int argc, char** argv) {
   cfg.d_model = 128;
   int steps = 20;
   int64_t batch = 16;
-  dtl::lab01::OptimConfig optim;
+  dtl::OptimConfig optim;
   app.add_option("--steps", steps, "training steps")->capture_default_str();
   app.add_option("--batch", batch, "GLOBAL batch (sequences per step, over all ranks)")
       ->capture_default_str();
@@ -72,7 +63,7 @@ int main(int argc, char** argv) {
     std::shared_ptr<dtl::Comm> metrics = rt.world().dup();
 
     dtl::model::GPT model(cfg);
-    auto optimizer = dtl::lab01::make_adamw(*model, optim);
+    auto optimizer = dtl::make_adamw(*model, optim);
     dtl::data::SyntheticCorpus corpus(cfg.vocab_size, rt.seed());
     dtl::data::GlobalBatchSampler sampler(corpus, batch, cfg.seq_len);
     int64_t grad_bytes = 0, n_tensors = 0;
@@ -127,11 +118,11 @@ int main(int argc, char** argv) {
     // ---- summary: what one step cost, and what the bytes say
     const dtl::CommStats stats = grad_comm->stats();
     const double wire_per_step = stats[dtl::OpType::AllReduce].wire_bytes / steps;
-    const double t_step = median(step_ms), t_transfer = median(transfer_ms);
+    const double t_step = dtl::median(step_ms), t_transfer = dtl::median(transfer_ms);
     dtl::print0(
         "\nmedian over steps 2..{}: step {:.1f} ms = compute {:.1f} + all-reduce {:.2f} "
         "(+ optimizer); ranks waited {:.2f} ms on average for the slowest",
-        steps, t_step, median(compute_ms), t_transfer, median(wait_ms));
+        steps, t_step, dtl::median(compute_ms), t_transfer, dtl::median(wait_ms));
     dtl::print0("throughput {:.0f} tokens/s over {} rank(s); communication is {:.1f}% of a step",
                 static_cast<double>(batch * cfg.seq_len) / (t_step / 1e3), n,
                 100 * t_transfer / t_step);
@@ -151,7 +142,7 @@ int main(int argc, char** argv) {
         grad_comm->all_reduce(flat);
         if (i > 0) fused_s.push_back(t.seconds());  // i = 0 warms up
       }
-      const double fused = median(fused_s);
+      const double fused = dtl::median(fused_s);
       dtl::print0(
           "per-parameter all-reduces: {:.2f} ms ({:.2f} GB/s bus bandwidth); one fused "
           "all-reduce of the same bytes: {:.2f} ms ({:.2f} GB/s)",

@@ -24,7 +24,7 @@
 
 #include "dtl/comm.hpp"
 #include "dtl/error.hpp"
-#include "dtl/harness/perf.hpp"
+#include "dtl/perf.hpp"
 #include "dtl/log.hpp"
 #include "dtl/runtime.hpp"
 #include "ring_allreduce.hpp"
@@ -171,9 +171,9 @@ int main(int argc, char** argv) {
           torch::Tensor got = input.clone();
           a.run(*comm, got, op);
           const auto wrong = static_cast<int64_t>(
-              dtl::testing::sum_over_ranks(static_cast<double>(count_wrong(got, expected, op))));
+              dtl::sum_over_ranks(static_cast<double>(count_wrong(got, expected, op))));
           torch::Tensor work = torch::zeros({count}, dtype);
-          const auto m = dtl::testing::measure([&] { a.run(*comm, work, op); }, warmup, timed);
+          const auto m = dtl::measure([&] { a.run(*comm, work, op); }, warmup, timed);
           const double algbw = bytes / m.median / 1e9, busbw = algbw * factor;
           a.points.emplace_back(static_cast<double>(bytes), m.median);
           a.busbw_sum += busbw;

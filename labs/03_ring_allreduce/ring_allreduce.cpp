@@ -16,34 +16,8 @@
 namespace dtl::lab03 {
 namespace {
 
-// ---------------------------------------------------------------- given helpers
-// Use them or not; add your own below.
-
-// Raises dtl::Error unless `t` is defined, on the comm's device, and of a dtype the Comm moves.
-// Call it for every tensor argument before sending anything: a bad call must fail on every rank
-// instead of leaving the other ranks waiting for a message that never comes.
-[[maybe_unused]] void check_tensor(const Comm& comm, const torch::Tensor& t, const char* fn,
-                                   const char* what) {
-  DTL_CHECK(t.defined(), fmt::format("{}: the {} tensor is undefined", fn, what));
-  DTL_CHECK(t.device() == comm.device(),
-            fmt::format("{}: the {} tensor is on {} but comm '{}' moves {} tensors", fn, what,
-                        t.device().str(), comm.name(), comm.device().str()));
-  static const std::vector<torch::ScalarType> kMovable = {
-      torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16,
-      torch::kInt32,   torch::kInt64,   torch::kInt8,    torch::kUInt8};
-  DTL_CHECK(std::find(kMovable.begin(), kMovable.end(), t.scalar_type()) != kMovable.end(),
-            fmt::format("{}: dtype {} of the {} tensor cannot be communicated", fn,
-                        c10::toString(t.scalar_type()), what));
-}
-
-// Avg = Sum / n; integer dtypes truncate toward zero, as Comm::all_reduce does.
-[[maybe_unused]] void finish_avg(const torch::Tensor& t, ReduceOp op, int n) {
-  if (op != ReduceOp::Avg || n == 1) return;
-  if (t.is_floating_point())
-    t.div_(n);
-  else
-    t.div_(n, "trunc");
-}
+// Your helpers go here. Given (in ring_allreduce.hpp and dtl/comm.hpp): check_tensor,
+// chunk_range, combine, finish_avg.
 
 }  // namespace
 
@@ -73,7 +47,7 @@ void ring_reduce_scatter(Comm& comm, const torch::Tensor& output, const torch::T
   //    step s+1. After n-1 steps chunk r is complete. Draw it for n = 3 before coding.
   //  - Leave `input` untouched: keep partials in a scratch tensor, not in the input.
   //  - A non-contiguous output: compute into output.contiguous() and copy back.
-  //  - Avg: finish_avg on the result.
+  //  - Avg: dtl::finish_avg(op, result, n) on the result.
   DTL_UNIMPLEMENTED("lab 03: ring_reduce_scatter (Task 2)");
 }
 
@@ -97,7 +71,9 @@ void ring_all_reduce(Comm& comm, const torch::Tensor& tensor, ReduceOp op) {
   //  - `tensor` may be a non-contiguous view: the result must land in it.
   //  - Count your messages: 2(n-1) sendrecv calls; the tests check Comm::stats().
   //  - Then make it fast (README, "Performance"): no needless copies, and run the ring on
-  //    segments of about 1 MiB, so no message is huge and each piece is added while cached.
+  //    segments: ONE segment count K for every chunk, from the largest chunk (its bytes / 1 MiB,
+  //    rounded up), each chunk split into exactly K segments with chunk_range(chunk numel, K,
+  //    k). Counts computed per chunk make neighbours disagree, and the ring hangs.
   DTL_UNIMPLEMENTED("lab 03: ring_all_reduce (Task 4)");
 }
 

@@ -32,45 +32,6 @@ torch::Tensor slice(const torch::Tensor& flat, ChunkRange c) {
   return flat.slice(0, c.begin, c.end);
 }
 
-// The dtypes MpiComm (and NCCL) move.
-bool comm_moves(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32:
-    case torch::kFloat64:
-    case torch::kFloat16:
-    case torch::kBFloat16:
-    case torch::kInt32:
-    case torch::kInt64:
-    case torch::kInt8:
-    case torch::kUInt8:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// Argument checks shared by every entry point; they run before any message is sent, so a bad
-// call raises on every rank instead of leaving the others waiting for a message.
-void check_tensor(const Comm& comm, const torch::Tensor& t, const char* fn, const char* what) {
-  DTL_CHECK(t.defined(), fmt::format("{}: the {} tensor is undefined", fn, what));
-  DTL_CHECK(t.device() == comm.device(),
-            fmt::format("{}: the {} tensor is on {} but comm '{}' moves {} tensors", fn, what,
-                        t.device().str(), comm.name(), comm.device().str()));
-  DTL_CHECK(comm_moves(t.scalar_type()),
-            fmt::format("{}: dtype {} of the {} tensor cannot be communicated (float32, float64, "
-                        "float16, bfloat16, int32, int64, int8, uint8 can)",
-                        fn, c10::toString(t.scalar_type()), what));
-}
-
-// Avg = Sum / n; integer dtypes truncate toward zero, as Comm::all_reduce does.
-void finish_avg(const torch::Tensor& t, ReduceOp op, int n) {
-  if (op != ReduceOp::Avg || n == 1) return;
-  if (t.is_floating_point())
-    t.div_(n);
-  else
-    t.div_(n, "trunc");
-}
-
 // Runs fn(flat) on a 1-D contiguous tensor with t's elements. When t is contiguous, flat is a
 // view of t's own memory (true in-place, no copy); otherwise flat is a contiguous copy whose
 // result is copied back into t, so the caller's (non-contiguous) view still sees the result.
@@ -113,7 +74,7 @@ class Segments {
   int64_t capacity() const { return capacity_; }  // elements of the largest segment
   ChunkRange of(int chunk, int64_t k) const {
     const ChunkRange c = chunk_range(numel_, n_, mod(chunk, n_));
-    const ChunkRange piece = chunk_range(c.numel(), static_cast<int>(count_), static_cast<int>(k));
+    const ChunkRange piece = chunk_range(c.size(), static_cast<int>(count_), static_cast<int>(k));
     return ChunkRange{c.begin + piece.begin, c.begin + piece.end};
   }
 
@@ -150,8 +111,8 @@ void reduce_scatter_segment(Comm& comm, const Segments& seg, int64_t k, const to
     const ChunkRange out = seg.of(r - 1 - s, k), in = seg.of(r - 2 - s, k);
     // Step 0 sends my own elements; later steps the partial combined in the step before.
     const torch::Tensor send =
-        (s == 0 || in_place) ? slice(data, out) : partial.narrow(0, 0, out.numel());
-    const torch::Tensor arrived = incoming.narrow(0, 0, in.numel());
+        (s == 0 || in_place) ? slice(data, out) : partial.narrow(0, 0, out.size());
+    const torch::Tensor arrived = incoming.narrow(0, 0, in.size());
     comm.sendrecv(send, right, arrived, left);
     const torch::Tensor own = slice(data, in);
     if (in_place) {
@@ -160,7 +121,7 @@ void reduce_scatter_segment(Comm& comm, const Segments& seg, int64_t k, const to
       const int64_t base = chunk_range(data.numel(), n, r).begin;
       combine(result.slice(0, in.begin - base, in.end - base), own, arrived, op);
     } else {
-      combine(partial.narrow(0, 0, in.numel()), own, arrived, op);
+      combine(partial.narrow(0, 0, in.size()), own, arrived, op);
     }
   }
 }
@@ -223,10 +184,10 @@ void ring_reduce_scatter(Comm& comm, const torch::Tensor& output, const torch::T
                         c10::toString(input.scalar_type()), c10::toString(output.scalar_type())));
   const int n = comm.size(), r = comm.rank();
   const ChunkRange mine = chunk_range(input.numel(), n, r);
-  DTL_CHECK(output.numel() == mine.numel(),
+  DTL_CHECK(output.numel() == mine.size(),
             fmt::format("ring_reduce_scatter: output has {} elements but chunk {} of a "
                         "{}-element input over {} ranks has {} (elements [{}, {}))",
-                        output.numel(), r, input.numel(), n, mine.numel(), mine.begin, mine.end));
+                        output.numel(), r, input.numel(), n, mine.size(), mine.begin, mine.end));
   const torch::Tensor data = input.contiguous().view({-1});  // a view unless input is strided
   with_flat(output, [&](const torch::Tensor& result) {
     if (n == 1) {
@@ -238,7 +199,7 @@ void ring_reduce_scatter(Comm& comm, const torch::Tensor& output, const torch::T
     torch::Tensor partial = torch::empty({seg.capacity()}, data.options());
     for (int64_t k = 0; k < seg.count(); ++k)
       reduce_scatter_segment(comm, seg, k, data, incoming, partial, result, op);
-    finish_avg(result, op, n);
+    finish_avg(op, result, n);
   });
 }
 
@@ -252,10 +213,10 @@ void ring_all_gather(Comm& comm, const torch::Tensor& output, const torch::Tenso
                         c10::toString(input.scalar_type()), c10::toString(output.scalar_type())));
   const int n = comm.size(), r = comm.rank();
   const ChunkRange mine = chunk_range(output.numel(), n, r);
-  DTL_CHECK(input.numel() == mine.numel(),
+  DTL_CHECK(input.numel() == mine.size(),
             fmt::format("ring_all_gather: input has {} elements but chunk {} of a {}-element "
                         "output over {} ranks has {} (elements [{}, {}))",
-                        input.numel(), r, output.numel(), n, mine.numel(), mine.begin, mine.end));
+                        input.numel(), r, output.numel(), n, mine.size(), mine.begin, mine.end));
   with_flat(output, [&](const torch::Tensor& data) {
     // A no-op copy when input already is this slice of output (in-place all-gather).
     slice(data, mine).copy_(input.reshape({-1}));
@@ -281,7 +242,7 @@ void ring_all_reduce(Comm& comm, const torch::Tensor& tensor, ReduceOp op) {
       reduce_scatter_segment(comm, seg, k, data, incoming, /*partial=*/torch::Tensor(),
                              /*result=*/torch::Tensor(), op);
       // Avg: divide only what this rank owns (1/n of the work); the all-gather spreads it.
-      finish_avg(slice(data, seg.of(r, k)), op, n);
+      finish_avg(op, slice(data, seg.of(r, k)), n);
       all_gather_segment(comm, seg, k, data);
     }
   });
@@ -331,7 +292,7 @@ void recursive_doubling_all_reduce(Comm& comm, const torch::Tensor& tensor, Redu
       else
         comm.recv(data, r + 1);
     }
-    finish_avg(data, op, n);
+    finish_avg(op, data, n);
   });
 }
 

@@ -38,6 +38,17 @@ struct GPTConfig {
   void validate() const;
   std::string to_string() const;  // one line, every field
   static GPTConfig tiny();        // vocab 64, seq 16, 2 layers, 2 heads, d_model 32: for tests
+
+  // Real models in this GPT family, for the lectures' back-of-the-envelope numbers.
+  // GPT-3 175B (Brown et al. 2020, Table 2.1): 96 layers, d 12288, 96 heads, context 2048,
+  // GPT-2 vocabulary 50257, tied embedding. Trained on 300B tokens.
+  static GPTConfig gpt3_175b();
+  // A 7B model with Llama 2 7B's shapes (Touvron et al. 2023: 32 layers, d 4096, 32 heads,
+  // vocab 32000, context 4096, untied head, no biases; pretrained on 2T tokens). The first
+  // LLaMA 7B had the same shapes with context 2048. Llama's SwiGLU MLP has three [4096 x 11008] matrices; our GELU MLP has two, so
+  // ff = 1.5 x 11008 = 16512 gives the same MLP parameter count. Learned positions (Llama uses
+  // RoPE, no parameters) add 16.8M: 6.76B here vs 6.74B for Llama 2 7B.
+  static GPTConfig llama2_7b_like();
 };
 
 // Deterministic initial value of the FULL (unsharded) parameter `name`: normal(0, std) float32

@@ -61,8 +61,8 @@ TEST(ParamCount, HandComputed) {
   //       N = 100*48 + 24*48 + 3*18624 + 2*48 + 100*48 (untied head) = 66720
   EXPECT_EQ(param_count(untied_no_bias()), 66720);
   // GPT-3: 96 x (12 * 12288^2 + 13 * 12288 + 4 * 12288) + 50257*12288 + 2048*12288 + 2*12288
-  EXPECT_EQ(param_count(gpt3_175b()), 174604259328LL);
-  EXPECT_EQ(param_count(llama_7b_like()), 6755459072LL);
+  EXPECT_EQ(param_count(GPTConfig::gpt3_175b()), 174604259328LL);
+  EXPECT_EQ(param_count(GPTConfig::llama2_7b_like()), 6755459072LL);
 }
 
 TEST(FlopsPerToken, SixNPlusAttention) {
@@ -71,7 +71,7 @@ TEST(FlopsPerToken, SixNPlusAttention) {
   // untied_no_bias: 6 * 66720 + 12 * 3 * 48 * 24 = 400320 + 41472
   EXPECT_DOUBLE_EQ(flops_per_token(untied_no_bias()), 441792.0);
   // GPT-3: 6 * 174604259328 + 12 * 96 * 12288 * 2048 = 1.0476e12 + 2.90e10
-  EXPECT_DOUBLE_EQ(flops_per_token(gpt3_175b()), 1076616585216.0);
+  EXPECT_DOUBLE_EQ(flops_per_token(GPTConfig::gpt3_175b()), 1076616585216.0);
 }
 
 TEST(TrainingStateBytes, EveryPrecisionAndOptimizer) {
@@ -102,7 +102,7 @@ TEST(TrainingStateBytes, EveryPrecisionAndOptimizer) {
   }
   // The lecture's headline: GPT-3 with mixed-precision AdamW needs 16 B/param = 2.79 TB.
   const StateBytes g =
-      training_state_bytes(gpt3_175b(), Precision::kMixedBF16, OptimizerKind::kAdamW);
+      training_state_bytes(GPTConfig::gpt3_175b(), Precision::kMixedBF16, OptimizerKind::kAdamW);
   EXPECT_EQ(g.total(), 16 * 174604259328LL);
 }
 
@@ -111,7 +111,7 @@ TEST(Mfu, HandComputed) {
   EXPECT_DOUBLE_EQ(mfu(1000.0, GPTConfig::tiny(), 1e9), 0.18048);
   EXPECT_DOUBLE_EQ(mfu(0.0, GPTConfig::tiny(), 1e9), 0.0);
   // GPT-3 at 140k tokens/s on 1024 A100s (312 TFLOP/s each): 47%.
-  EXPECT_NEAR(mfu(140e3, gpt3_175b(), 1024 * 312e12), 0.4717, 1e-4);
+  EXPECT_NEAR(mfu(140e3, GPTConfig::gpt3_175b(), 1024 * 312e12), 0.4717, 1e-4);
 }
 
 using dtl::testing::expect_error_mentions;

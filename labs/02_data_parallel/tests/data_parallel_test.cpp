@@ -18,7 +18,9 @@
 #include "dtl/data.hpp"            // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/harness/checks.hpp"  // defines: serial, DTL_EXPECT_CLOSE, DTL_EXPECT_SAME_ON_ALL_RANKS
 #include "dtl/runtime.hpp"         // defines: world()
-#include "why_distributed.hpp"     // lab 01 reference: train_step, make_adamw (the ground truth)
+#include "dtl/split.hpp"           // defines: split_range (the oracle of shard_range)
+#include "dtl/optim.hpp"           // defines: OptimConfig, make_adamw
+#include "dtl/train.hpp"           // defines: train_step (the single-process ground truth)
 
 namespace dtl::lab02 {
 namespace {
@@ -27,12 +29,11 @@ using model::GPTConfig;
 
 Comm& W() { return dtl::world(); }
 
-// The sharding rule of the handout, restated here so the gradient tests do not depend on your
-// shard_range: rows [begin, end) of rank r out of n.
+// The sharding rule of the handout is the course's one splitting rule, dtl::split_range: the
+// oracle of your shard_range, and what the gradient tests use so they do not depend on yours.
 std::pair<int64_t, int64_t> rule(int64_t rows, int r, int n) {
-  const int64_t base = rows / n, extra = rows % n;
-  const int64_t begin = r * base + std::min<int64_t>(r, extra);
-  return {begin, begin + base + (r < extra ? 1 : 0)};
+  const dtl::Range range = dtl::split_range(rows, n, r);
+  return {range.begin, range.end};
 }
 
 std::string where(int64_t rows) {
@@ -72,6 +73,7 @@ TEST(ShardRange, CoversEveryRowExactlyOnceAndBalances) {
         EXPECT_EQ(s.begin, next) << what << ": shards must be contiguous, in rank order";
         EXPECT_EQ(s.size(), rows / world + (rank < rows % world ? 1 : 0))
             << what << ": the first rows % world ranks get one extra row";
+        EXPECT_EQ(s.begin, dtl::split_range(rows, world, rank).begin) << what;
         next = s.end;
       }
       EXPECT_EQ(next, rows) << "rows " << rows << " on " << world << ": every row, once";
@@ -96,8 +98,8 @@ TEST(ShardBatch, ReturnsThisRanksRowsAsAView) {
 // sqrt(v) + eps, so for a gradient element near eps the last-bit differences between a serial
 // sum and a sum of shards are amplified into visible weight differences. A larger eps keeps
 // the comparison about data parallelism, not about Adam's conditioning.
-lab01::OptimConfig dp_adamw() {
-  lab01::OptimConfig oc;
+dtl::OptimConfig dp_adamw() {
+  dtl::OptimConfig oc;
   oc.eps = 1e-6;
   oc.weight_decay = 0.1;
   return oc;
@@ -140,7 +142,7 @@ void expect_dp_equals_serial(const GPTConfig& cfg, int64_t rows, int steps,
   const torch::Tensor expected = testing::serial(1, [&] {
     GPT m(cfg);
     auto opt = make_optimizer(m);
-    for (int s = 0; s < steps; ++s) lab01::train_step(m, *opt, sampler.global_batch_at(s));
+    for (int s = 0; s < steps; ++s) dtl::train_step(m, *opt, sampler.global_batch_at(s));
     return testing::flat_params(*m);
   });
 
@@ -159,7 +161,7 @@ void expect_dp_equals_serial(const GPTConfig& cfg, int64_t rows, int steps,
 TEST(DataParallel, MatchesSerialTrainingWithAdamW) {
   for (int64_t rows : batch_sizes())
     expect_dp_equals_serial(
-        GPTConfig::tiny(), rows, 3, [](GPT& m) { return lab01::make_adamw(*m, dp_adamw()); }, 1e-4,
+        GPTConfig::tiny(), rows, 3, [](GPT& m) { return dtl::make_adamw(*m, dp_adamw()); }, 1e-4,
         2e-5);
 }
 
@@ -183,7 +185,7 @@ TEST(DataParallel, CommunicatesOneAllReducePerParameter) {
   data::SyntheticCorpus corpus(cfg.vocab_size, 4);
   data::GlobalBatchSampler sampler(corpus, 6, cfg.seq_len);
   GPT model(cfg);
-  auto opt = lab01::make_adamw(*model);
+  auto opt = dtl::make_adamw(*model);
   std::shared_ptr<Comm> comm = W().dup();
 
   int64_t n_params = 0, grad_bytes = 0;
@@ -211,12 +213,12 @@ TEST(DataParallel, RanksWithoutRowsStillTrainInLockstep) {
   data::GlobalBatchSampler sampler(corpus, 1, cfg.seq_len);
   const torch::Tensor expected = testing::serial(1, [&] {
     GPT m(cfg);
-    auto opt = lab01::make_adamw(*m, dp_adamw());
-    lab01::train_step(m, *opt, sampler.global_batch_at(0));
+    auto opt = dtl::make_adamw(*m, dp_adamw());
+    dtl::train_step(m, *opt, sampler.global_batch_at(0));
     return testing::flat_params(*m);
   });
   GPT model(cfg);
-  auto opt = lab01::make_adamw(*model, dp_adamw());
+  auto opt = dtl::make_adamw(*model, dp_adamw());
   const StepStats st = dp_train_step(model, *opt, sampler.global_batch_at(0), W());
   EXPECT_EQ(st.local_rows, W().rank() == 0 ? 1 : 0);
   if (W().rank() != 0) {

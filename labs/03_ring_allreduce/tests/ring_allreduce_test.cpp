@@ -17,7 +17,7 @@
 #include "dtl/comm.hpp"
 #include "dtl/error.hpp"
 #include "dtl/harness/checks.hpp"
-#include "dtl/harness/perf.hpp"
+#include "dtl/perf.hpp"
 #include "dtl/runtime.hpp"
 #include "tests/ring_test_util.hpp"
 
@@ -128,7 +128,7 @@ TEST(RingReduceScatter, UnevenSizesFollowTheChunkLayout) {
       auto full = input.clone();
       comm->all_reduce(full);
       const auto mine = chunk_range(numel, n, r);
-      auto output = torch::full({mine.numel()}, -1, dtype);
+      auto output = torch::full({mine.size()}, -1, dtype);
       dtl::lab03::ring_reduce_scatter(*comm, output, input);
       EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Sum))
           << label(dtype, ReduceOp::Sum, numel) << ": rank " << r << " must hold elements ["
@@ -145,7 +145,7 @@ TEST(RingReduceScatter, AverageDividesOnce) {
     auto full = input.clone();
     comm->all_reduce(full, ReduceOp::Avg);
     const auto mine = chunk_range(numel, n, r);
-    auto output = torch::empty({mine.numel()}, dtype);
+    auto output = torch::empty({mine.size()}, dtype);
     dtl::lab03::ring_reduce_scatter(*comm, output, input, ReduceOp::Avg);
     EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Avg))
         << label(dtype, ReduceOp::Avg, numel);
@@ -156,13 +156,13 @@ TEST(RingReduceScatter, SendsEveryChunkButItsOwnToOneNeighbour) {
   auto comm = fresh_comm();
   const int n = comm->size(), r = comm->rank();
   const int64_t numel = 1001;  // not divisible by 2..5; chunks of 4 KiB at most
-  auto output = torch::empty({chunk_range(numel, n, r).numel()});
+  auto output = torch::empty({chunk_range(numel, n, r).size()});
   dtl::lab03::ring_reduce_scatter(*comm, output, torch::ones({numel}));
   const auto s = comm->stats();
   EXPECT_EQ(s[OpType::SendRecv].count, n - 1) << "one sendrecv per ring step, n-1 steps";
   EXPECT_EQ(collectives_used(s), "") << "build it from sendrecv only";
   // Over all ranks, the chain of every chunk has n-1 hops: (n-1) x S bytes in total.
-  EXPECT_EQ(dtl::testing::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
+  EXPECT_EQ(dtl::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
             (n - 1) * numel * 4.0);
   EXPECT_LE(sendrecv_destinations(*comm).size(), 1u) << "a ring talks to one neighbour only";
 }
@@ -215,11 +215,11 @@ TEST(RingAllGather, ForwardsEveryChunkButOneToOneNeighbour) {
   const int n = comm->size(), r = comm->rank();
   const int64_t numel = 1001;
   auto output = torch::empty({numel});
-  dtl::lab03::ring_all_gather(*comm, output, torch::ones({chunk_range(numel, n, r).numel()}));
+  dtl::lab03::ring_all_gather(*comm, output, torch::ones({chunk_range(numel, n, r).size()}));
   const auto s = comm->stats();
   EXPECT_EQ(s[OpType::SendRecv].count, n - 1);
   EXPECT_EQ(collectives_used(s), "");
-  EXPECT_EQ(dtl::testing::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
+  EXPECT_EQ(dtl::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
             (n - 1) * numel * 4.0);
   EXPECT_LE(sendrecv_destinations(*comm).size(), 1u);
 }
@@ -278,7 +278,7 @@ TEST(RingAllReduce, LargeTensorEveryRankHoldsTheSameBits) {
   // Replicas of a model must not drift apart: the result is bitwise identical everywhere.
   DTL_EXPECT_SAME_ON_ALL_RANKS(t);
   const auto s = comm->stats();
-  EXPECT_EQ(dtl::testing::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
+  EXPECT_EQ(dtl::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
             2.0 * (n - 1) * numel * 4)
       << "the ring sends each chunk n-1 times in each phase";
 }
@@ -316,7 +316,7 @@ TEST(RingAllReduce, TwoNMinusOneStepsAndBandwidthOptimalBytes) {
     EXPECT_EQ(collectives_used(s), "") << "build it from sendrecv only";
     EXPECT_LE(sendrecv_destinations(*comm).size(), 1u) << "a ring talks to one neighbour only";
     const double S = numel * 4.0, sent = static_cast<double>(s[OpType::SendRecv].bytes);
-    EXPECT_EQ(dtl::testing::sum_over_ranks(sent), 2.0 * (n - 1) * S) << "numel " << numel;
+    EXPECT_EQ(dtl::sum_over_ranks(sent), 2.0 * (n - 1) * S) << "numel " << numel;
     if (numel % n == 0) {
       EXPECT_EQ(sent, 2.0 * (n - 1) / n * S) << "each rank sends 2(n-1)/n x S";
     } else {
@@ -377,7 +377,7 @@ TEST(BadInput, SizeAndDtypeErrorsNameTheConstraint) {
   const int n = comm->size();
   dtl::lab03::ring_all_reduce(*comm, torch::ones({3}));  // the happy path first
   const int64_t numel = 4 * n + 1;
-  const int64_t right_size = chunk_range(numel, n, comm->rank()).numel();
+  const int64_t right_size = chunk_range(numel, n, comm->rank()).size();
   comm->reset_stats();
   EXPECT_THAT(error_of([&] {
                 dtl::lab03::ring_reduce_scatter(*comm, torch::empty({right_size + 1}),

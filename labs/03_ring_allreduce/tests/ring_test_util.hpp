@@ -85,8 +85,8 @@ inline std::vector<int64_t> test_sizes(int n) {
 inline std::pair<int64_t, int64_t> chunk_extremes(int64_t numel, int n) {
   int64_t lo = numel, hi = 0;
   for (int i = 0; i < n; ++i) {
-    lo = std::min(lo, dtl::lab03::chunk_range(numel, n, i).numel());
-    hi = std::max(hi, dtl::lab03::chunk_range(numel, n, i).numel());
+    lo = std::min(lo, dtl::lab03::chunk_range(numel, n, i).size());
+    hi = std::max(hi, dtl::lab03::chunk_range(numel, n, i).size());
   }
   return {lo, hi};
 }
