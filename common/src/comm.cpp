@@ -8,6 +8,7 @@
 #include <set>
 
 #include "dtl/error.hpp"
+#include "dtl/split.hpp"
 #include "dtl/timer.hpp"
 #include "dtl/trace.hpp"
 
@@ -48,6 +49,27 @@ const char* to_string(OpRecord::State s) {
     case OpRecord::State::Failed: return "failed";
   }
   return "?";
+}
+
+const std::vector<torch::ScalarType>& comm_dtypes() {
+  static const std::vector<torch::ScalarType> kDtypes = {
+      torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16,
+      torch::kInt32,   torch::kInt64,   torch::kInt8,    torch::kUInt8};
+  return kDtypes;
+}
+
+bool is_comm_dtype(torch::ScalarType t) {
+  const auto& all = comm_dtypes();
+  return std::find(all.begin(), all.end(), t) != all.end();
+}
+
+void finish_avg(ReduceOp op, const torch::Tensor& t, int n) {
+  if (op != ReduceOp::Avg || n == 1) return;
+  torch::Tensor out = t;  // div_ needs a non-const handle; the storage is the caller's
+  if (out.is_floating_point())
+    out.div_(n);
+  else
+    out.div_(n, "trunc");
 }
 
 double bus_factor(OpType op, int n) {
@@ -138,19 +160,37 @@ Comm::~Comm() {
   registry().erase(this);
 }
 
-std::string Comm::describe_all() {
+Comm::Snapshot Comm::snapshot() const {
+  Snapshot s;
+  s.name = name_;
+  s.backend = backend();
+  s.rank = rank_;
+  s.size = size_;
+  s.ops_issued = ops_issued();
+  s.pending = pending_ops();
+  s.recent = recent_ops();
+  return s;
+}
+
+std::vector<Comm::Snapshot> Comm::snapshot_all() {
   std::lock_guard<std::mutex> lock(registry_mutex());
+  std::vector<Snapshot> out;
+  for (Comm* c : registry()) out.push_back(c->snapshot());
+  std::sort(out.begin(), out.end(),
+            [](const Snapshot& a, const Snapshot& b) { return a.name < b.name; });
+  return out;
+}
+
+std::string Comm::describe_all() {
   std::string out;
-  for (Comm* c : registry()) {
-    auto pending = c->pending_ops();
-    out += fmt::format("  comm '{}' ({} rank {}/{}): {} ops issued", c->name(), c->backend(),
-                       c->rank(), c->size(), c->ops_issued());
-    if (pending.empty()) {
-      auto recent = c->recent_ops();
-      out += recent.empty() ? ", idle\n" : ", idle; last: " + recent.back().describe() + "\n";
+  for (const Snapshot& c : snapshot_all()) {
+    out += fmt::format("  comm '{}' ({} rank {}/{}): {} ops issued", c.name, c.backend, c.rank,
+                       c.size, c.ops_issued);
+    if (c.pending.empty()) {
+      out += c.recent.empty() ? ", idle\n" : ", idle; last: " + c.recent.back().describe() + "\n";
     } else {
       out += ", not completed:\n";
-      for (auto& r : pending) out += "    " + r.describe() + "\n";
+      for (auto& r : c.pending) out += "    " + r.describe() + "\n";
     }
   }
   return out;
@@ -214,6 +254,10 @@ void Comm::check_tensor(const torch::Tensor& t, const char* what, OpType op) con
                         to_string(op), what, t.device().str(), name_, backend(), device().str(),
                         t.is_cuda() ? "nccl" : "mpi"));
   DTL_CHECK(!t.is_sparse(), fmt::format("{}: sparse tensors are not supported", to_string(op)));
+  DTL_CHECK(is_comm_dtype(t.scalar_type()),
+            fmt::format("{}: {} tensor has dtype {}, which is not supported (float32, float64, "
+                        "float16, bfloat16, int32, int64, int8, uint8 are)", to_string(op), what,
+                        c10::toString(t.scalar_type())));
   DTL_CHECK(t.numel() <= std::numeric_limits<int32_t>::max(),
             fmt::format("{}: {} tensor has {} elements; at most 2^31-1 per call",
                         to_string(op), what, t.numel()));
@@ -307,10 +351,11 @@ Work Comm::reduce_scatter_async(const torch::Tensor& output, const torch::Tensor
   DTL_CHECK(input.scalar_type() == output.scalar_type(),
             fmt::format("reduce_scatter: input dtype {} differs from output dtype {}",
                         dtype_name(input), dtype_name(output)));
-  DTL_CHECK(input.numel() == output.numel() * size_,
-            fmt::format("reduce_scatter: input has {} elements but must hold size() x output = "
-                        "{} x {} = {}", input.numel(), size_, output.numel(),
-                        output.numel() * size_));
+  const int64_t chunk = split_range(input.numel(), size_, rank_).size();
+  DTL_CHECK(output.numel() == chunk,
+            fmt::format("reduce_scatter: output has {} elements but rank {}'s chunk of the {}-element "
+                        "input over {} ranks holds {} (split_range)", output.numel(), rank_,
+                        input.numel(), size_, chunk));
   Op op;
   op.type = OpType::ReduceScatter;
   op.reduce = reduce;
@@ -326,10 +371,11 @@ Work Comm::all_gather_async(const torch::Tensor& output, const torch::Tensor& in
   DTL_CHECK(input.scalar_type() == output.scalar_type(),
             fmt::format("all_gather: input dtype {} differs from output dtype {}",
                         dtype_name(input), dtype_name(output)));
-  DTL_CHECK(output.numel() == input.numel() * size_,
-            fmt::format("all_gather: output has {} elements but must hold size() x input = "
-                        "{} x {} = {}", output.numel(), size_, input.numel(),
-                        input.numel() * size_));
+  const int64_t chunk = split_range(output.numel(), size_, rank_).size();
+  DTL_CHECK(input.numel() == chunk,
+            fmt::format("all_gather: input has {} elements but rank {}'s chunk of the {}-element "
+                        "output over {} ranks holds {} (split_range)", input.numel(), rank_,
+                        output.numel(), size_, chunk));
   Op op;
   op.type = OpType::AllGather;
   op.send = input_buffer(input);
@@ -429,12 +475,13 @@ Work Comm::sendrecv_async(const torch::Tensor& send_tensor, int dst,
   return issue(std::move(op), shape_of(send_tensor), b, b);
 }
 
-std::shared_ptr<Comm> Comm::split(int color, int key) {
+std::shared_ptr<Comm> Comm::split(int color, int key, const std::string& name) {
   std::shared_ptr<Comm> result;
   Op op;
   op.type = OpType::Split;
   op.color = color;
   op.key = key;
+  op.split_name = name.empty() ? fmt::format("{}/split({})", name_, color) : name;
   op.split_result = &result;
   BlockingCall blocking;
   issue(std::move(op), {}, 0, 0).wait();

@@ -3,11 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "dtl/comm.hpp"
 #include "dtl/comm_nccl.hpp"
 #include "dtl/error.hpp"
 #include "dtl/harness/checks.hpp"
 #include "dtl/runtime.hpp"
+#include "dtl/split.hpp"
 
 namespace {
 
@@ -111,6 +114,25 @@ TEST(Comm, AllGather) {
       W().all_gather(output, input);
       for (int p = 0; p < n; ++p)
         DTL_EXPECT_EQUAL(output[p], contribution(p, numel, dtype)) << c10::toString(dtype) << " chunk " << p;
+    }
+}
+
+// Chunks follow dtl::split_range: with N not divisible by n the first N mod n ranks hold one more.
+TEST(Comm, ReduceScatterAndAllGatherUnevenChunks) {
+  const int n = W().size(), r = W().rank();
+  for (auto dtype : {torch::kFloat32, torch::kInt64, torch::kBFloat16})
+    for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{n - 1}, int64_t{2 * n + 1}, int64_t{7 * n + 3}}) {
+      const dtl::Range mine = dtl::split_range(numel, n, r);
+      auto input = contribution(r, numel, dtype);
+      auto output = torch::full({mine.size()}, -1, dtype);
+      W().reduce_scatter(output, input, ReduceOp::Sum);
+      auto full = expected_reduce(n, numel, dtype, ReduceOp::Sum);
+      DTL_EXPECT_EQUAL(output, full.slice(0, mine.begin, mine.end))
+          << c10::toString(dtype) << " reduce_scatter numel " << numel;
+      // all_gather puts rank p's chunk at split_range(numel, n, p).
+      auto gathered = torch::full({numel}, -1, dtype);
+      W().all_gather(gathered, full.slice(0, mine.begin, mine.end));
+      DTL_EXPECT_EQUAL(gathered, full) << c10::toString(dtype) << " all_gather numel " << numel;
     }
 }
 
@@ -252,6 +274,9 @@ TEST(Comm, SplitByParityAndKeyOrder) {
   auto w = torch::ones({2});
   W().all_reduce(w);
   DTL_EXPECT_EQUAL(w, torch::full({2}, static_cast<float>(n)));
+  // Names: given, or derived from the parent's.
+  EXPECT_EQ(W().split(0, r, "custom")->name(), "custom");
+  EXPECT_EQ(W().dup()->name(), W().name() + "/dup");
   // A negative color opts out.
   auto none = W().split(r == 0 ? -1 : 1, 0);
   EXPECT_EQ(none == nullptr, r == 0);
@@ -285,6 +310,14 @@ TEST(Comm, StatsCountBytesAndWireBytes) {
   EXPECT_EQ(recent.back().seq, 4u);
   EXPECT_EQ(recent.back().state, dtl::OpRecord::State::Completed);
   EXPECT_TRUE(c->pending_ops().empty());
+  // The same, as data for the watchdog.
+  auto snaps = Comm::snapshot_all();
+  auto it = std::find_if(snaps.begin(), snaps.end(), [&](const Comm::Snapshot& s) { return s.name == c->name(); });
+  ASSERT_NE(it, snaps.end());
+  EXPECT_EQ(it->ops_issued, 4u);
+  EXPECT_TRUE(it->pending.empty());
+  ASSERT_FALSE(it->recent.empty());
+  EXPECT_EQ(it->recent.back().op, OpType::Barrier);
   c->reset_stats();
   EXPECT_EQ(c->stats().total_count(), 0);
 }
@@ -296,10 +329,11 @@ using dtl::testing::error_of;
 
 TEST(CommErrors, SizeMismatchesNameTheConstraint) {
   const int n = W().size();
-  EXPECT_THAT(error_of([&] { W().reduce_scatter(torch::empty({3}), torch::empty({3 * n + 1})); }),
-              ::testing::HasSubstr("must hold size() x output"));
-  EXPECT_THAT(error_of([&] { W().all_gather(torch::empty({2 * n + 1}), torch::empty({2})); }),
-              ::testing::HasSubstr("must hold size() x input"));
+  const int64_t chunk = dtl::split_range(3 * n + 1, n, W().rank()).size();
+  EXPECT_THAT(error_of([&] { W().reduce_scatter(torch::empty({chunk + 1}), torch::empty({3 * n + 1})); }),
+              ::testing::HasSubstr("split_range"));
+  EXPECT_THAT(error_of([&] { W().all_gather(torch::empty({3 * n + 1}), torch::empty({chunk + 1})); }),
+              ::testing::HasSubstr("split_range"));
   EXPECT_THAT(error_of([&] { W().all_gather(torch::empty({2 * n}, torch::kInt32), torch::empty({2})); }),
               ::testing::HasSubstr("dtype"));
   EXPECT_THAT(error_of([&] { W().all_to_all(torch::empty({n * 2 + 1}), torch::empty({n * 2 + 1})); }),
@@ -319,9 +353,25 @@ TEST(CommErrors, BadPeersAndRoots) {
   EXPECT_EQ(t.item<float>(), static_cast<float>(n));
 }
 
-TEST(CommErrors, UnsupportedDtypeFailsOnWait) {
+TEST(CommErrors, UnsupportedDtypeIsRejectedBeforeSending) {
+  auto c = W().dup();
   auto t = torch::ones({3}, torch::kBool);
-  EXPECT_THAT(error_of([&] { W().all_reduce(t); }), ::testing::HasSubstr("not supported"));
+  EXPECT_THAT(error_of([&] { c->all_reduce(t); }), ::testing::HasSubstr("not supported"));
+  EXPECT_EQ(c->ops_issued(), 0u);  // nothing reached the wire
+  EXPECT_FALSE(dtl::is_comm_dtype(torch::kBool));
+  EXPECT_EQ(dtl::comm_dtypes().size(), 8u);
+}
+
+TEST(Comm, FinishAvgTruncatesIntegers) {
+  auto f = torch::tensor({7.0, -7.0});
+  dtl::finish_avg(ReduceOp::Avg, f, 2);
+  DTL_EXPECT_EQUAL(f, torch::tensor({3.5, -3.5}));
+  auto i = torch::tensor({7, -7}, torch::kInt64);
+  dtl::finish_avg(ReduceOp::Avg, i, 2);
+  DTL_EXPECT_EQUAL(i, torch::tensor({3, -3}, torch::kInt64));  // toward zero, as ncclAvg
+  auto s = torch::tensor({7, -7}, torch::kInt64);
+  dtl::finish_avg(ReduceOp::Sum, s, 2);
+  DTL_EXPECT_EQUAL(s, torch::tensor({7, -7}, torch::kInt64));
 }
 
 TEST(CommErrors, ReceivedSizeMismatchIsDetected) {

@@ -10,11 +10,16 @@
 // collectives between ranks. To overlap two independent streams of traffic, use two Comms
 // (split or dup).
 //
-// Tensor rules: any dtype in {float32, float64, float16, bfloat16, int32, int64, int8, uint8};
-// inputs may be non-contiguous (copied); outputs may be non-contiguous (a contiguous buffer is
-// used and copied back when the op completes); empty tensors are fine (every rank still calls).
-// Collective sizes are per rank: all_gather's output holds size() x input.numel() elements,
-// reduce_scatter's input holds size() x output.numel(), rank r's chunk is the r-th flat chunk.
+// Tensor rules: any dtype of comm_dtypes() {float32, float64, float16, bfloat16, int32, int64,
+// int8, uint8}; inputs may be non-contiguous (copied); outputs may be non-contiguous (a
+// contiguous buffer is used and copied back when the op completes); empty tensors are fine
+// (every rank still calls).
+// Sizes of reduce_scatter and all_gather follow the course's one splitting rule (split.hpp):
+// the flat full tensor of N elements is cut into size() contiguous chunks, the first N mod
+// size() of them one element longer; rank r's chunk is chunk r. So reduce_scatter's output
+// holds split_range(input.numel(), size(), rank()).size() elements and all_gather's input
+// split_range(output.numel(), size(), rank()).size(); when size() divides N every chunk is
+// N / size() (the only case NCCL and MPI's _block variants support natively).
 #pragma once
 
 #include <torch/torch.h>
@@ -37,6 +42,13 @@ enum class OpType {
   Send, Recv, SendRecv, Split
 };
 const char* to_string(OpType op);
+
+// The dtypes every backend moves, and a check for one.
+const std::vector<torch::ScalarType>& comm_dtypes();
+bool is_comm_dtype(torch::ScalarType t);
+// ReduceOp::Avg is a Sum on the wire and one division at the end: t /= n, where integer
+// dtypes truncate toward zero (as NCCL's ncclAvg does). No-op for other ops or n == 1.
+void finish_avg(ReduceOp op, const torch::Tensor& t, int n);
 
 // Handle on an issued op. wait() blocks until the op completed on this rank and rethrows its
 // error, if any (NCCL: the caller's stream waits instead of the CPU). A default-constructed
@@ -137,10 +149,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
                       int src, int tag = 0);
 
   // Collective over this Comm, like MPI_Comm_split: ranks with the same color form a new Comm,
-  // ordered by (key, old rank). color < 0 opts out and returns nullptr.
-  std::shared_ptr<Comm> split(int color, int key);
+  // ordered by (key, old rank). color < 0 opts out and returns nullptr. `name` names the new
+  // Comm in errors, traces and the watchdog (default "<this name>/split(<color>)").
+  std::shared_ptr<Comm> split(int color, int key, const std::string& name = "");
   // A new Comm with the same members and ranks (its own worker, so its traffic overlaps).
-  std::shared_ptr<Comm> dup() { return split(0, rank_); }
+  std::shared_ptr<Comm> dup() { return split(0, rank_, name_ + "/dup"); }
 
   CommStats stats() const;
   void reset_stats();
@@ -149,7 +162,18 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::vector<OpRecord> pending_ops() const;
   uint64_t ops_issued() const;
 
-  // Every live Comm of this process, described op by op: what the watchdog prints.
+  // What one Comm is doing, as data (the watchdog ships these between ranks as JSON).
+  struct Snapshot {
+    std::string name, backend;
+    int rank = 0, size = 1;
+    uint64_t ops_issued = 0;
+    std::vector<OpRecord> pending;  // not yet completed, oldest first
+    std::vector<OpRecord> recent;   // the last few ops, oldest first
+  };
+  Snapshot snapshot() const;
+  // Every live Comm of this process.
+  static std::vector<Snapshot> snapshot_all();
+  // The same, described op by op for a human: what the watchdog prints.
   static std::string describe_all();
 
  protected:
@@ -163,6 +187,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
     int peer2 = -1;         // src of sendrecv
     int tag = 0;
     int color = 0, key = 0;                   // split
+    std::string split_name;                   // split: the new Comm's name
     std::shared_ptr<Comm>* split_result = nullptr;
     std::function<void()> finish;             // copy-back into a non-contiguous user tensor
     bool blocking = false;                    // the caller waits right away (fast path)
