@@ -3,11 +3,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "dtl/error.hpp"
 #include "dtl/net.hpp"
+#include "dtl/split.hpp"
+#include "dtl/timer.hpp"
 
 namespace dtl {
 
@@ -94,15 +98,6 @@ MPI_Op mpi_op(ReduceOp op, const torch::Tensor& t) {
     case ReduceOp::Min: return bf16 ? custom16().bf16_min : f16 ? custom16().f16_min : MPI_MIN;
   }
   return MPI_SUM;
-}
-
-// Avg = Sum / n. Integer tensors truncate toward zero, as NCCL's ncclAvg does.
-void finish_avg(ReduceOp op, torch::Tensor& t, int n) {
-  if (op != ReduceOp::Avg || n == 1) return;
-  if (t.is_floating_point())
-    t.div_(n);
-  else
-    t.div_(n, "trunc");
 }
 
 int count_of(const torch::Tensor& t) { return static_cast<int>(t.numel()); }
@@ -245,6 +240,30 @@ static int polite_wait(MPI_Request& req, MPI_Status* status) {
   }
 }
 
+static std::vector<int> to_int(const std::vector<int64_t>& v) {
+  return std::vector<int>(v.begin(), v.end());
+}
+static std::vector<int> displacements(const std::vector<int>& counts) {
+  std::vector<int> d(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+  return d;
+}
+static bool all_equal(const std::vector<int>& v) {
+  return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<int>()) == v.end();
+}
+
+// Network emulator (net.hpp). A transfer occupies a window [start, start + modelled cost];
+// it completes at max(real transfer done, window end), so the real bytes move *inside* the
+// window and a slow real transfer on a loaded machine does not add to the modelled time.
+//   collectives: the ranks agree on the window's start (the latest arrival, one tiny
+//     all-reduce of timestamps), then the real op runs, then each rank sleeps to the end;
+//   point-to-point: the sender books its egress link (transfers queue), sends the window's
+//     end as a small header message, then the data; the receiver may not see the data before
+//     that end, so a receiver never gets bytes earlier than a real link would deliver them.
+// Timestamps are steady_clock (CLOCK_MONOTONIC), shared by every process of one machine:
+// the emulator models a cluster on one machine.
+static bool is_p2p(OpType t) { return t == OpType::Send || t == OpType::Recv || t == OpType::SendRecv; }
+
 void MpiComm::execute(Op& op) {
   OpRecord& rec = *op.record;
   mark_started(rec);
@@ -266,23 +285,43 @@ void MpiComm::execute(Op& op) {
     };
     // Run an MPI call: the blocking form normally (MPI's tuned algorithms, lowest latency);
     // under the network emulator, the nonblocking form and a wait that sleeps.
-    const bool polite = net::enabled();
+    const bool emulated = net::enabled();
     MPI_Status status;
     auto call = [&](const char* name, auto&& blocking, auto&& nonblocking) {
-      if (!polite) return check(blocking(), name);
+      if (!emulated) return check(blocking(), name);
       MPI_Request req;
       check(nonblocking(&req), name);
       check(polite_wait(req, &status), name);
     };
     const int n = size();
-    // Network emulator, point-to-point: the sender pays alpha + B/beta on its egress link
-    // *before* the real send, so the receiver cannot see the data earlier than a real link
-    // would deliver it.
-    if (polite && (op.type == OpType::Send || op.type == OpType::SendRecv)) {
-      const int me = world_ranks()[rank()], dst = world_ranks()[op.peer];
-      net::charge(net::p2p_cost(static_cast<double>(op.send.nbytes()), me, dst),
-                  net::is_inter_node(me, dst));
+    const int me = world_ranks()[rank()];
+    // ---- emulator, before the real transfer: find this op's window end.
+    double window_end = 0;
+    if (emulated && op.type != OpType::Split && !is_p2p(op.type)) {
+      double arrival = now_seconds(), start = arrival;
+      MPI_Request req;
+      check(MPI_Iallreduce(&arrival, &start, 1, MPI_DOUBLE, MPI_MAX, comm_, &req), "MPI_Iallreduce (emulator sync)");
+      check(polite_wait(req, nullptr), "MPI_Iallreduce (emulator sync)");
+      window_end = net::book(net::collective_cost(to_string(op.type), static_cast<double>(rec.bytes),
+                                                  world_ranks()),
+                             net::spans_nodes(world_ranks()), start);
     }
+    // Point-to-point: the sender books its link and tells the receiver when the window ends.
+    double header_out = 0, header_in = 0;
+    MPI_Request header_req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    if (emulated && (op.type == OpType::Recv || op.type == OpType::SendRecv))
+      check(MPI_Irecv(&header_in, 1, MPI_DOUBLE, op.type == OpType::Recv ? op.peer : op.peer2,
+                      op.tag, comm_, &header_req[0]), "MPI_Irecv (emulator header)");
+    if (emulated && (op.type == OpType::Send || op.type == OpType::SendRecv)) {
+      const int dst = world_ranks()[op.peer];
+      header_out = net::book(net::p2p_cost(static_cast<double>(op.send.nbytes()), me, dst),
+                             net::is_inter_node(me, dst), now_seconds());
+      window_end = header_out;
+      check(MPI_Isend(&header_out, 1, MPI_DOUBLE, op.peer, op.tag, comm_, &header_req[1]),
+            "MPI_Isend (emulator header)");
+    }
+
+    // ---- the real transfer
     void* sbuf = op.send.defined() ? op.send.data_ptr() : nullptr;
     void* rbuf = op.recv.defined() ? op.recv.data_ptr() : nullptr;
     switch (op.type) {
@@ -299,19 +338,38 @@ void MpiComm::execute(Op& op) {
       case OpType::ReduceScatter: {
         auto dt = mpi_dtype(op.recv);
         auto mop = mpi_op(op.reduce, op.recv);
-        int c = count_of(op.recv);
-        call("MPI_Reduce_scatter_block",
-             [&] { return MPI_Reduce_scatter_block(sbuf, rbuf, c, dt, mop, comm_); },
-             [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(sbuf, rbuf, c, dt, mop, comm_, r); });
+        // Chunk r of the input goes to rank r; chunks follow split_range (first ones longer).
+        std::vector<int> counts = to_int(split_sizes(op.send.numel(), n));
+        if (all_equal(counts)) {
+          int c = counts[0];
+          call("MPI_Reduce_scatter_block",
+               [&] { return MPI_Reduce_scatter_block(sbuf, rbuf, c, dt, mop, comm_); },
+               [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(sbuf, rbuf, c, dt, mop, comm_, r); });
+        } else {
+          call("MPI_Reduce_scatter",
+               [&] { return MPI_Reduce_scatter(sbuf, rbuf, counts.data(), dt, mop, comm_); },
+               [&](MPI_Request* r) { return MPI_Ireduce_scatter(sbuf, rbuf, counts.data(), dt, mop, comm_, r); });
+        }
         finish_avg(op.reduce, op.recv, n);
         break;
       }
       case OpType::AllGather: {
         auto dt = mpi_dtype(op.send);
-        int c = count_of(op.send);
-        call("MPI_Allgather",
-             [&] { return MPI_Allgather(sbuf, c, dt, rbuf, c, dt, comm_); },
-             [&](MPI_Request* r) { return MPI_Iallgather(sbuf, c, dt, rbuf, c, dt, comm_, r); });
+        std::vector<int> counts = to_int(split_sizes(op.recv.numel(), n));
+        if (all_equal(counts)) {
+          int c = counts[0];
+          call("MPI_Allgather",
+               [&] { return MPI_Allgather(sbuf, c, dt, rbuf, c, dt, comm_); },
+               [&](MPI_Request* r) { return MPI_Iallgather(sbuf, c, dt, rbuf, c, dt, comm_, r); });
+        } else {
+          std::vector<int> displs = displacements(counts);
+          int c = count_of(op.send);
+          call("MPI_Allgatherv",
+               [&] { return MPI_Allgatherv(sbuf, c, dt, rbuf, counts.data(), displs.data(), dt, comm_); },
+               [&](MPI_Request* r) {
+                 return MPI_Iallgatherv(sbuf, c, dt, rbuf, counts.data(), displs.data(), dt, comm_, r);
+               });
+        }
         break;
       }
       case OpType::Broadcast: {
@@ -363,7 +421,7 @@ void MpiComm::execute(Op& op) {
       case OpType::SendRecv: {
         auto sdt = mpi_dtype(op.send), rdt = mpi_dtype(op.recv);
         int sc = count_of(op.send), rc = count_of(op.recv);
-        if (!polite) {
+        if (!emulated) {
           check(MPI_Sendrecv(sbuf, sc, sdt, op.peer, op.tag, rbuf, rc, rdt, op.peer2, op.tag, comm_,
                              &status),
                 "MPI_Sendrecv (a larger message than expected truncates)");
@@ -382,19 +440,17 @@ void MpiComm::execute(Op& op) {
         check(MPI_Comm_split(comm_, op.color < 0 ? MPI_UNDEFINED : op.color, op.key, &sub),
               "MPI_Comm_split");
         if (sub != MPI_COMM_NULL) {
-          *op.split_result = MpiComm::create(sub, fmt::format("{}/split({})", name(), op.color));
+          *op.split_result = MpiComm::create(sub, op.split_name);
           MPI_Comm_free(&sub);  // create() duplicated it
         }
         break;
       }
     }
-    // Network emulator, collectives: once every rank has arrived (the real op synchronised
-    // them), pay the algorithm's alpha-beta cost on the bottleneck link.
-    if (polite && op.type != OpType::Send && op.type != OpType::Recv &&
-        op.type != OpType::SendRecv && op.type != OpType::Split) {
-      net::charge(net::collective_cost(to_string(op.type), static_cast<double>(rec.bytes),
-                                       world_ranks()),
-                  net::spans_nodes(world_ranks()));
+    // ---- emulator, after the real transfer: headers done, then hold until the window ends.
+    if (emulated) {
+      for (auto& r : header_req)
+        if (r != MPI_REQUEST_NULL) check(polite_wait(r, nullptr), "emulator header");
+      net::sleep_until(std::max(window_end, header_in));
     }
     if (op.finish) op.finish();
   } catch (...) {

@@ -11,6 +11,7 @@
 
 #include "dtl/error.hpp"
 #include "dtl/log.hpp"
+#include "dtl/timer.hpp"
 
 namespace dtl::net {
 
@@ -114,8 +115,8 @@ std::string human_lat(double s) {
 std::mutex g_mu;
 Spec g_spec;
 int g_world_rank = 0, g_world_size = 1;
-// When each of this rank's egress links (0 intra, 1 inter) is free again.
-std::chrono::steady_clock::time_point g_link_free[2];
+// When each of this rank's egress links (0 intra, 1 inter) is free again (now_seconds()).
+double g_link_free[2] = {0, 0};
 
 }  // namespace
 
@@ -210,7 +211,7 @@ void set(const Spec& spec) {
   g_spec = spec;
   g_world_rank = log_rank();
   g_world_size = log_world_size();
-  g_link_free[0] = g_link_free[1] = std::chrono::steady_clock::time_point{};
+  g_link_free[0] = g_link_free[1] = 0;
 }
 
 const Spec& current() { return g_spec; }
@@ -248,21 +249,17 @@ double p2p_cost(double bytes, int src, int dst) {
   return (is_inter_node(src, dst) ? g_spec.inter : g_spec.intra).time(bytes) * g_spec.time_scale;
 }
 
-double charge(double cost, bool inter_node) {
-  if (cost <= 0) return 0;
-  using clock = std::chrono::steady_clock;
-  auto now = clock::now();
-  clock::time_point until;
-  {
-    // The link carries one transfer at a time: start when it is free, hold it for `cost`.
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto& free_at = g_link_free[inter_node ? 1 : 0];
-    auto start = std::max(now, free_at);
-    until = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(cost));
-    free_at = until;
-  }
-  std::this_thread::sleep_until(until);  // sleep, not spin: the core stays free for compute
-  return std::chrono::duration<double>(clock::now() - now).count();
+double book(double cost, bool inter_node, double earliest) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  double& free_at = g_link_free[inter_node ? 1 : 0];
+  const double start = std::max(earliest, free_at);
+  free_at = start + std::max(cost, 0.0);
+  return free_at;
+}
+
+void sleep_until(double t) {
+  const double wait = t - now_seconds();
+  if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
 }
 
 }  // namespace dtl::net

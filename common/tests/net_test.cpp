@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "dtl/error.hpp"
-#include "dtl/harness/perf.hpp"
+#include "dtl/perf.hpp"
 #include "dtl/net.hpp"
 #include "dtl/runtime.hpp"
 #include "dtl/timer.hpp"
@@ -79,7 +79,7 @@ TEST(NetSpec, BadSpecsNameTheField) {
   EXPECT_THAT(error_of("intra=-5MB/s,1us"), HasSubstr("bad bandwidth"));
 }
 
-TEST(NetCost, FormulasOfFacts7) {
+TEST(NetCost, FormulasOfBandwidthOptimalAlgorithms) {
   NetGuard net("intra=100MB/s,1ms;inter=10MB/s,5ms;ranks_per_node=2");
   const double S = 1e6;
   // One node (ranks 0,1): ring all-reduce 2(n-1) alpha + 2(n-1)/n S/beta.
@@ -98,7 +98,7 @@ TEST(NetCost, FormulasOfFacts7) {
 
 // Median time of `fn` over repeats, all ranks in step.
 double median_seconds(const std::function<void()>& fn, int iters = 5) {
-  return dtl::testing::measure(fn, 1, iters).median;
+  return dtl::measure(fn, 1, iters).median;
 }
 
 // Measures `fn` (a collective: every rank calls this) until its median is within the ceiling,
@@ -113,7 +113,7 @@ void expect_emulated(const std::function<void()>& fn, double expected, const std
     }
     // Every rank must take the same decision, or the next attempt's collectives mismatch.
     int ok = !participates || measured <= expected * 1.10 + 2e-3;
-    if (dtl::testing::sum_over_ranks(ok) == dtl::world().size()) return;
+    if (dtl::sum_over_ranks(ok) == dtl::world().size()) return;
   }
   if (participates) {
     EXPECT_LE(measured, expected * 1.10 + 2e-3) << what << ": more than 10% (+2 ms) over alpha + B/beta";
@@ -200,7 +200,7 @@ TEST(NetTiming, AsyncAllReduceHidesUnderCompute) {
       work.wait();
     }, 3);
     int ok = t_step < 0.8 * (t_compute + t_comm);
-    if (dtl::testing::sum_over_ranks(ok) == w.size()) break;
+    if (dtl::sum_over_ranks(ok) == w.size()) break;
   }
   // Overlapped: close to max(compute, comm), clearly below their sum.
   EXPECT_LT(t_step, 0.8 * (t_compute + t_comm)) << "compute " << t_compute << " s, comm " << t_comm

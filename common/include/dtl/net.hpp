@@ -4,13 +4,19 @@
 // so a laptop shows a cluster's trade-offs (overlap, topology, pipeline bubbles). A transfer of
 // B bytes over a link costs alpha + B / beta (latency alpha, bandwidth beta). Ranks live on
 // emulated nodes of `ranks_per_node` consecutive world ranks; a link is intra-node or
-// inter-node. Costs are paid by sleeping (no core is burned), on the Comm's worker, after the
-// real MPI transfer, so async communication genuinely overlaps with compute.
+// inter-node. Each transfer occupies a window [start, start + cost] and completes at
+// max(real transfer done, window end): the real bytes move inside the window, so a slow real
+// transfer on a loaded machine does not add to the modelled time. Waiting is sleeping (no core
+// is burned), on the Comm's worker, so async communication genuinely overlaps with compute.
 //
 //   point-to-point (send, sendrecv's send half): alpha + B/beta on the sender's egress link;
-//       one transfer at a time per rank and link class, so concurrent sends queue.
-//   built-in collectives, n ranks, S bytes (FACTS.md 7), on their bottleneck link (inter-node
-//   if the Comm spans nodes, else intra-node), also queued on that egress link:
+//       one transfer at a time per rank and link class, so concurrent sends queue. The window
+//       starts when the sender issues (or its link frees up); the receiver completes no
+//       earlier than the window's end.
+//   built-in collectives, n ranks, S bytes, on their bottleneck link (inter-node if the Comm
+//   spans nodes, else intra-node), also queued on that egress link; the window starts when
+//   the last rank arrives. Costs are the textbook ring/tree alpha-beta costs (Thakur,
+//   Rabenseifner and Gropp 2005; nccl-tests doc/PERFORMANCE.md for the bus factors):
 //       all_reduce       2(n-1) alpha + 2(n-1)/n S/beta      (ring)
 //       reduce_scatter   (n-1) alpha + (n-1)/n S/beta         (S = the whole input)
 //       all_gather       (n-1) alpha + (n-1)/n S/beta         (S = the whole output)
@@ -74,10 +80,14 @@ bool enabled();
 double collective_cost(const std::string& op, double bytes, const std::vector<int>& members);
 double p2p_cost(double bytes, int src_world_rank, int dst_world_rank);
 
-// Charges `cost` seconds on this rank's egress link of the class between the two ranks (or
-// the bottleneck class of a collective): waits for the link to be free, then sleeps the cost.
-// Returns the seconds actually slept.
-double charge(double cost, bool inter_node);
+// Books a transfer of `cost` seconds on this rank's egress link of the given class (or the
+// bottleneck class of a collective), starting no earlier than `earliest` (now_seconds() time):
+// the link carries one transfer at a time, so the window starts when the link is free.
+// Returns the window's end. Nothing waits here: the caller moves the real bytes, then
+// sleep_until(end).
+double book(double cost, bool inter_node, double earliest);
+// Sleeps (no core is burned) until now_seconds() reaches `t`.
+void sleep_until(double t);
 bool spans_nodes(const std::vector<int>& members);
 bool is_inter_node(int a_world_rank, int b_world_rank);
 
