@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 
+#include "dtl/blas.hpp"  // defines: BlasInfo
 #include "dtl/comm.hpp"
 
 namespace dtl {
@@ -62,6 +63,8 @@ class Runtime {
   torch::Device device() const { return device_; }
   const std::string& backend() const { return backend_; }
   const RuntimeOptions& options() const { return options_; }
+  // The BLAS library behind CPU matmuls (OpenBLAS, or the slow reference one: a warning).
+  const BlasInfo& blas() const { return blas_; }
   // Base seed. Torch's global RNG is seeded with seed() + rank(); model init uses seed() alone
   // (model::init_normal), so every rank builds the same weights.
   uint64_t seed() const { return options_.seed; }
@@ -81,6 +84,7 @@ class Runtime {
   int rank_ = 0, world_size_ = 1, local_rank_ = 0, local_size_ = 1, threads_ = 1;
   torch::Device device_{torch::kCPU};
   std::string backend_;
+  BlasInfo blas_;
   std::shared_ptr<Comm> world_;
   std::shared_ptr<Comm> cpu_world_;
   MPI_Comm control_ = MPI_COMM_NULL;
