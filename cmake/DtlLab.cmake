@@ -53,13 +53,22 @@ function(dtl_add_lab)
   # Compile each kind of driver once, link it against both sides.
   # The drivers see the harness and the DEPENDS libraries (e.g. an earlier lab's reference as
   # ground truth); linking the object library carries those on to both executables.
-  macro(_dtl_lab_exe kind sources main_lib)
+  # Build economy: `./lab test` (CI) needs the public tests of both sides and the reference's
+  # grading tests; the other executables are linked only when a command asks for them
+  # (EXCLUDE_FROM_ALL: ./lab run/bench/grade build their own targets). Their sources are still
+  # compiled by `all` (the OBJECT library) and linked once on the reference side, so nothing rots.
+  macro(_dtl_lab_exe kind sources main_lib on_demand_sides)
     add_library(${lab}_${kind}_obj OBJECT ${sources})
     target_link_libraries(${lab}_${kind}_obj PUBLIC dtl_harness ${L_DEPENDS})
     target_include_directories(${lab}_${kind}_obj PUBLIC ${lab_dir})
     dtl_use_torch(${lab}_${kind}_obj)
+    set(_on_demand "${on_demand_sides}")  # macro arguments are not variables: IN_LIST needs one
     foreach(side student reference)
-      add_executable(${lab}_${kind}_${side} $<TARGET_OBJECTS:${lab}_${kind}_obj>)
+      if(side IN_LIST _on_demand)
+        add_executable(${lab}_${kind}_${side} EXCLUDE_FROM_ALL $<TARGET_OBJECTS:${lab}_${kind}_obj>)
+      else()
+        add_executable(${lab}_${kind}_${side} $<TARGET_OBJECTS:${lab}_${kind}_obj>)
+      endif()
       target_link_libraries(${lab}_${kind}_${side} PRIVATE ${lab}_${kind}_obj dtl_${lab}_${side} ${main_lib})
       dtl_use_torch(${lab}_${kind}_${side})
     endforeach()
@@ -70,7 +79,7 @@ function(dtl_add_lab)
     list(APPEND test_srcs ${lab_dir}/${s})
   endforeach()
   if(test_srcs)
-    _dtl_lab_exe(test "${test_srcs}" dtl_test_main)
+    _dtl_lab_exe(test "${test_srcs}" dtl_test_main "")
     foreach(side student reference)
       dtl_add_mpi_test(NAME ${lab}.${side} TARGET ${lab}_test_${side} RANKS ${L_WORLD_SIZES}
                        LABELS "${lab};${side}" TIMEOUT ${L_TIMEOUT})
@@ -82,16 +91,16 @@ function(dtl_add_lab)
                      ARGS --dtl_expect_unimplemented --dtl_timeout=60)
   endif()
   if(L_GRADING_TESTS)
-    _dtl_lab_exe(grade "${L_GRADING_TESTS}" dtl_test_main)
+    _dtl_lab_exe(grade "${L_GRADING_TESTS}" dtl_test_main student)
     # The reference must pass the grading tests too (CI runs these; students never see them).
     dtl_add_mpi_test(NAME ${lab}.grading TARGET ${lab}_grade_reference RANKS ${L_WORLD_SIZES}
                      LABELS "${lab};reference;grading-tests" TIMEOUT ${L_TIMEOUT})
   endif()
   if(L_BENCH)
-    _dtl_lab_exe(bench ${lab_dir}/${L_BENCH} dtl_bench_main)
+    _dtl_lab_exe(bench ${lab_dir}/${L_BENCH} dtl_bench_main student)
   endif()
   if(L_MAIN)
-    _dtl_lab_exe(run ${lab_dir}/${L_MAIN} "")
+    _dtl_lab_exe(run ${lab_dir}/${L_MAIN} "" student)
     if(NOT L_DEMO_RANKS)
       set(L_DEMO_RANKS 2)
     endif()

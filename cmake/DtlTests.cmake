@@ -6,15 +6,19 @@
 # with PROCESSORS N (so `ctest -j2` never runs two 4-rank jobs at once) and a TIMEOUT that
 # backs up the harness's own per-test watchdog.
 
-# OpenMPI: more ranks than cores is the normal case on a laptop or CI box, and binding each
-# rank to one core would make oversubscribed ranks fight. Users may append their own flags.
-set(DTL_MPIEXEC_PREFLAGS --oversubscribe --bind-to none CACHE STRING "Flags dtl passes to mpirun before the program")
-
-# mpirun refuses root unless told; CI boxes and containers run as root. yield_when_idle: an
-# MPI rank waiting for a peer yields its core instead of spinning, which oversubscribed ranks
-# (4 on 2 cores) need to make progress at all.
-set(DTL_TEST_ENVIRONMENT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1)
+# mpirun flags and environment come from cmake/mpirun.env, the one file ./lab and the grader
+# read too. Users may append their own flags to DTL_MPIEXEC_PREFLAGS.
+file(STRINGS ${CMAKE_CURRENT_LIST_DIR}/mpirun.env _dtl_mpirun_lines REGEX "^[A-Z_]+=")
+set(_dtl_env)
+foreach(line IN LISTS _dtl_mpirun_lines)
+  if(line MATCHES "^DTL_MPIRUN_FLAGS=(.*)$")
+    separate_arguments(_dtl_flags UNIX_COMMAND "${CMAKE_MATCH_1}")
+  else()
+    list(APPEND _dtl_env "${line}")
+  endif()
+endforeach()
+set(DTL_MPIEXEC_PREFLAGS ${_dtl_flags} CACHE STRING "Flags dtl passes to mpirun before the program")
+set(DTL_TEST_ENVIRONMENT ${_dtl_env})
 
 function(dtl_add_mpi_test)
   cmake_parse_arguments(T "" "NAME;TARGET;TIMEOUT" "RANKS;LABELS;ARGS" ${ARGN})
