@@ -24,12 +24,17 @@ torch::Tensor shard_batch(const torch::Tensor& global, int rank, int world) {
 
 void average_gradients(torch::nn::Module& module, Comm& comm, int64_t local_count,
                        int64_t global_count) {
-  // TODO(lab02): for each parameter that requires grad, in module.parameters() order:
-  //   - scale its gradient by local_count / global_count (NOT by 1 / comm.size());
+  // TODO(lab02): afterwards every rank must hold the gradient of the mean loss over the WHOLE
+  // global batch (global_count rows), while on entry this rank holds the gradient of the mean
+  // over its own local_count rows. For each parameter that requires grad, in
+  // module.parameters() order:
+  //   - scale this rank's gradient by the weight that makes a Sum all-reduce produce that
+  //     global mean (work it out for 5 rows on 3 ranks: 2, 2, 1);
   //   - a missing gradient (or local_count == 0) contributes zeros: assign
   //     param.mutable_grad() = torch::zeros_like(param);
   //   - comm.all_reduce(grad, ReduceOp::Sum).
-  // Validate global_count > 0 and 0 <= local_count <= global_count first.
+  // Validate global_count > 0 and 0 <= local_count <= global_count first (DTL_CHECK; the
+  // message names the argument: "global_count", "local_count").
   DTL_UNIMPLEMENTED("lab 02: average_gradients");
 }
 

