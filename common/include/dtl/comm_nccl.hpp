@@ -1,31 +1,93 @@
-// dtl/comm_nccl.hpp — defines: nccl_available, make_nccl_comm, nccl_check_tensor (the GPU backend
-// of Comm; the class itself lives in comm_nccl.cpp, compiled when CUDA + NCCL are found).
+// dtl/comm_nccl.hpp — defines: nccl_compiled, nccl_version_string, make_nccl_comm,
+// cuda_device_count, nccl_check_local_ranks, nccl_check_tensor, nccl_check_p2p_tag (the GPU
+// backend of Comm; the class itself lives in comm_nccl.cpp, compiled when CUDA + NCCL >= 2.10
+// are found; comm_nccl_stub.cpp otherwise).
 //
-// NcclComm: one ncclComm_t per Comm, its unique id made by rank 0 and broadcast over MPI; ops
-// are enqueued on the Comm's own CUDA stream after an event from the caller's (default) stream,
-// so compute and communication order correctly; Work::wait() makes the default stream wait for
-// the op and keeps the tensors alive until it completed. Two ranks may not share a GPU (NCCL
-// rejects duplicate devices); multi-rank tests on one GPU or none use the mpi backend.
+// NcclComm: one ncclComm_t per Comm, its unique id made by rank 0 and broadcast over MPI
+// (split and dup use ncclCommSplit when NCCL >= 2.18). Issuing an op, under one lock per Comm
+// so enqueue order is sequence order even when several threads issue:
+//   1. everything that can throw is checked first (device, dtype, tag);
+//   2. the Comm's own CUDA stream waits for the caller's *current* stream (so the kernels that
+//      produced the inputs run first);
+//   3. the NCCL call(s) run on the Comm's stream (grouped calls are always closed), followed by
+//      the copy-back into a non-contiguous output, then an end event is recorded;
+//   4. every tensor the op touches (inputs, outputs, temporaries) stays referenced until the end
+//      event completed, even if the Work is dropped unwaited.
+// Work::wait() makes the caller's current stream wait for the end event (the CPU does not
+// block), except barrier(), which blocks the host until the barrier completed on the GPU.
+// Work::is_completed() queries the end event and throws on a CUDA or NCCL error.
+//
+// Completion is honest: a per-Comm poller thread marks an op completed (op records, trace,
+// the test watchdog's pending_ops()) only when its end event completed. It also watches
+// ncclCommGetAsyncError and a per-op timeout (env DTL_NCCL_TIMEOUT, seconds, default 600,
+// read when a Comm is created): on either it aborts the communicator (ncclCommAbort), marks the
+// op and every later one failed, and wait()/is_completed() throw a dtl::Error naming the rank,
+// op, sequence number and comm. DTL_NCCL_BLOCKING_WAIT=1 makes every wait() block the host
+// until the op completed or failed (debugging). A Work keeps the Comm's shared state alive, so
+// it may outlive the Comm; destroying a Comm first drains its in-flight ops (bounded by the
+// timeout) and aborts instead of destroying the NCCL communicator if an op failed or is stuck.
+//
+// Two ranks may not share a GPU (NCCL rejects duplicate devices); multi-rank tests on one GPU
+// or none use the mpi backend. NCCL matches point-to-point messages by order only, so send,
+// recv and sendrecv reject a nonzero tag.
 #pragma once
 
+#include <fmt/format.h>
+
+#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "dtl/comm.hpp"
+#include "dtl/error.hpp"
 
 namespace dtl {
 
 // Whether this build has the NCCL backend compiled in.
 bool nccl_compiled();
+// "2.28.9 (built with 2.28.9)": the NCCL library loaded at run time (ncclGetVersion) and the
+// header the build used; "none (built without NCCL)" in a build without the backend.
+std::string nccl_version_string();
 // Creates an NCCL Comm over the ranks of `bootstrap` (an MPI Comm with the same members) on
 // CUDA device `device_index`. Throws dtl::Error naming the cause when this build has no NCCL,
 // when no CUDA device is usable (e.g. "cudaGetDeviceCount: CUDA driver version is
 // insufficient..."), or when NCCL initialisation fails.
 std::shared_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device_index, const std::string& name);
+// The same, after checking that the `local_ranks` processes on this node have a GPU each.
+std::shared_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device_index, const std::string& name,
+                                     int local_ranks);
 // Number of CUDA devices, or a dtl::Error explaining why there are none usable.
 int cuda_device_count();
-// The check NcclComm applies to every tensor: CUDA, on this comm's device. Exposed so the
-// no-GPU CI box can test the message a CPU tensor gets.
-void nccl_check_tensor(const torch::Tensor& t, int device_index, const char* op);
+
+// The checks below are what NcclComm applies; inline so the no-GPU CI box (and a build
+// without NCCL) tests the very messages a GPU run gives.
+
+// One GPU per rank: a dtl::Error naming both numbers when local_ranks > gpus.
+inline void nccl_check_local_ranks(int local_ranks, int gpus) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  DTL_CHECK(local_ranks <= gpus,
+            fmt::format("{} ranks run on this node but only {} GPU(s) are visible{}; the nccl "
+                        "backend needs one GPU per rank: launch at most {} ranks per node (or "
+                        "use --device cpu --backend mpi)",
+                        local_ranks, gpus,
+                        visible ? fmt::format(" (CUDA_VISIBLE_DEVICES={})", visible) : "", gpus));
+}
+// Every tensor: CUDA, on this comm's device.
+inline void nccl_check_tensor(const torch::Tensor& t, int device_index, const char* op) {
+  DTL_CHECK(t.is_cuda(), fmt::format("{}: tensor is on {} but the nccl backend moves CUDA tensors "
+                                     "(use --backend mpi for CPU tensors, or .to(torch::kCUDA))",
+                                     op, t.device().str()));
+  DTL_CHECK(t.device().index() == device_index,
+            fmt::format("{}: tensor is on {} but this rank's NCCL comm uses cuda:{}", op,
+                        t.device().str(), device_index));
+}
+// send/recv/sendrecv tags: only 0. NCCL matches messages between two ranks by issue order.
+inline void nccl_check_p2p_tag(int tag, const char* op) {
+  DTL_CHECK(tag == 0,
+            fmt::format("{}: tag {} is not supported by the nccl backend (NCCL has no tags: it "
+                        "matches sends and receives between two ranks in issue order); use tag "
+                        "0 and issue matching calls in the same order, or dup() a Comm per "
+                        "stream of messages", op, tag));
+}
 
 }  // namespace dtl
