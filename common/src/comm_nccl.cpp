@@ -26,6 +26,7 @@
 
 #include "dtl/comm_nccl.hpp"
 #include "dtl/error.hpp"
+#include "dtl/split.hpp"
 #include "dtl/log.hpp"
 #include "dtl/timer.hpp"
 
@@ -405,7 +406,7 @@ class NcclComm : public Comm {
     ncclComm_t parent = live_comm(at);
     mark_started(rec);
     std::shared_ptr<Comm> sub = bootstrap_->split(op.color, op.key);
-    const std::string name = fmt::format("{}/split({})", this->name(), op.color);
+    const std::string& name = op.split_name;
 #if DTL_NCCL_HAS_SPLIT
     ncclComm_t child = nullptr;
     {
@@ -431,6 +432,44 @@ class NcclComm : public Comm {
     return core_->comm;
   }
 
+  // NCCL's reduce-scatter and all-gather need equal chunks; Comm's follow split_range (the first
+  // N mod n chunks one element longer). For uneven sizes, run NCCL on chunks padded to the
+  // largest one and move the real elements in and out with copies ordered around the op.
+  void pad_uneven(Op& op) {
+    if (op.type != OpType::ReduceScatter && op.type != OpType::AllGather) return;
+    const torch::Tensor full = op.type == OpType::ReduceScatter ? op.send : op.recv;
+    const int64_t total = full.numel(), parts = size();
+    if (total % parts == 0) return;
+    const int64_t largest = split_range(total, parts, 0).size();
+    auto range = [&](int64_t p) { return split_range(total, parts, p); };
+    std::function<void()> then = std::move(op.finish);
+    if (op.type == OpType::ReduceScatter) {
+      // In: chunk p at [p * largest, ...), zero tail. Out: this rank's largest-sized slot.
+      torch::Tensor padded_in = torch::zeros({parts * largest}, full.options());
+      for (int64_t p = 0; p < parts; ++p)
+        padded_in.narrow(0, p * largest, range(p).size()).copy_(full.narrow(0, range(p).begin, range(p).size()));
+      torch::Tensor padded_out = torch::empty({largest}, full.options()), out = op.recv;
+      const int64_t mine = out.numel();
+      op.send = padded_in;
+      op.recv = padded_out;
+      op.finish = [padded_out, out, mine, then]() mutable {
+        out.copy_(padded_out.narrow(0, 0, mine));
+        if (then) then();
+      };
+    } else {
+      torch::Tensor padded_in = torch::zeros({largest}, full.options());
+      padded_in.narrow(0, 0, op.send.numel()).copy_(op.send);
+      torch::Tensor padded_out = torch::empty({parts * largest}, full.options()), out = op.recv;
+      op.send = padded_in;
+      op.recv = padded_out;
+      op.finish = [padded_out, out, range, parts, largest, then]() mutable {
+        for (int64_t p = 0; p < parts; ++p)
+          out.narrow(0, range(p).begin, range(p).size()).copy_(padded_out.narrow(0, p * largest, range(p).size()));
+        if (then) then();
+      };
+    }
+  }
+
   Work launch_op(Op& op) {
     OpRecord& rec = *op.record;
     const char* what = to_string(op.type);
@@ -441,6 +480,8 @@ class NcclComm : public Comm {
     if (op.type == OpType::Send || op.type == OpType::Recv || op.type == OpType::SendRecv)
       nccl_check_p2p_tag(op.tag, what);
     ncclDataType_t send_type = ncclInt32, recv_type = ncclInt32;
+    nccl_check_tensor(op.type == OpType::ReduceScatter ? op.send : op.recv, core_->device, what);
+    pad_uneven(op);  // before `ready_` is recorded: the padding copies run first
     for (auto* t : {&op.send, &op.recv})
       if (t->defined() && !(t == &op.recv && op.recv.is_same(op.send))) {
         nccl_check_tensor(*t, core_->device, what);
