@@ -30,8 +30,10 @@ function(dtl_add_mpi_test)
     add_test(NAME ${test_name}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${DTL_MPIEXEC_PREFLAGS}
                      ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_TARGET}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
+    # Every entry leaves its gtest report in build/test-reports/<entry>.json (rank 0 writes it),
+    # which ./lab test NN summarises as a table.
     set_tests_properties(${test_name} PROPERTIES
       PROCESSORS ${n} TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
-      ENVIRONMENT "${DTL_TEST_ENVIRONMENT}")
+      ENVIRONMENT "${DTL_TEST_ENVIRONMENT};GTEST_OUTPUT=json:${CMAKE_BINARY_DIR}/test-reports/${test_name}.json")
   endforeach()
 endfunction()
