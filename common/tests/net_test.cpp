@@ -192,20 +192,28 @@ TEST(NetTiming, AsyncAllReduceHidesUnderCompute) {
   NetGuard net("intra=20MB/s,2ms");
   auto g = torch::ones({static_cast<int64_t>(t_compute * 20e6 / (2.0 * (w.size() - 1) / w.size()) / 4)});
   const double t_comm = median_seconds([&] { w.all_reduce(g); }, 3);
-  double t_step = 0;
+  // The compute inside the overlapped step is timed too: on a loaded machine (4 ranks on 2
+  // cores next to other jobs) it can run slower than the calibration, and the property under
+  // test is the overlap, not the machine's steadiness.
+  double t_step = 0, t_compute_in_step = 0;
   for (int attempt = 0; attempt < 5; ++attempt) {
+    std::vector<double> in_step;
     t_step = median_seconds([&] {
       auto work = w.all_reduce_async(g);
+      dtl::Timer t;
       compute();
+      in_step.push_back(dtl::max_over_ranks(t.seconds()));
       work.wait();
     }, 3);
-    int ok = t_step < 0.8 * (t_compute + t_comm);
+    t_compute_in_step = dtl::median(in_step);
+    int ok = t_step < 0.8 * (t_compute_in_step + t_comm);
     if (dtl::sum_over_ranks(ok) == w.size()) break;
   }
   // Overlapped: close to max(compute, comm), clearly below their sum.
-  EXPECT_LT(t_step, 0.8 * (t_compute + t_comm)) << "compute " << t_compute << " s, comm " << t_comm
-                                                 << " s, step " << t_step << " s";
-  EXPECT_GE(t_step, 0.95 * std::max(t_compute, t_comm));
+  EXPECT_LT(t_step, 0.8 * (t_compute_in_step + t_comm))
+      << "compute " << t_compute_in_step << " s (calibrated " << t_compute << " s), comm " << t_comm
+      << " s, step " << t_step << " s";
+  EXPECT_GE(t_step, 0.95 * std::max(t_compute_in_step, t_comm));
 }
 
 TEST(NetTiming, OffByDefault) {

@@ -11,7 +11,7 @@
 
 #include "dtl/data.hpp"            // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/error.hpp"           // defines: dtl::Error, dtl::NotImplemented
-#include "dtl/harness/checks.hpp"  // defines: DTL_EXPECT_CLOSE, flat_params, flat_grads
+#include "dtl/harness/checks.hpp"  // defines: DTL_EXPECT_PARAMS_CLOSE, flat_params, flat_grads
 #include "why_distributed.hpp"
 
 namespace dtl::lab01 {
@@ -127,9 +127,9 @@ TEST(TrainStepGrading, MatchesAHandDrivenAdamW) {
     ref.backward();
     expected_opt->step();
     EXPECT_NEAR(loss, ref.item<float>(), 1e-6) << "step " << step;
-    DTL_EXPECT_CLOSE(testing::flat_grads(*model), testing::flat_grads(*expected), 1e-5, 1e-7)
+    DTL_EXPECT_GRADS_CLOSE(*model, testing::flat_grads(*expected), 1e-5, 1e-7)
         << "gradients must stay in .grad() after the step, step " << step;
-    DTL_EXPECT_CLOSE(testing::flat_params(*model), testing::flat_params(*expected), 1e-5, 1e-6)
+    DTL_EXPECT_PARAMS_CLOSE(*model, testing::flat_params(*expected), 1e-5, 1e-6)
         << "step " << step;
   }
 }
@@ -144,7 +144,7 @@ TEST(TrainStepGrading, ShortSequencesAndSingleRow) {
   torch::Tensor ref = expected->loss(batch);
   ref.backward();
   EXPECT_NEAR(loss, ref.item<float>(), 1e-6);
-  DTL_EXPECT_CLOSE(testing::flat_grads(*model), testing::flat_grads(*expected), 1e-5, 1e-7);
+  DTL_EXPECT_GRADS_CLOSE(*model, testing::flat_grads(*expected), 1e-5, 1e-7);
 }
 
 TEST(TrainStepGrading, RejectsMalformedBatch) {

@@ -10,7 +10,7 @@
 #include "data_parallel.hpp"
 #include "dtl/data.hpp"            // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/error.hpp"           // defines: dtl::Error, dtl::NotImplemented
-#include "dtl/harness/checks.hpp"  // defines: serial, DTL_EXPECT_CLOSE, DTL_EXPECT_SAME_ON_ALL_RANKS
+#include "dtl/harness/checks.hpp"  // defines: serial, DTL_EXPECT_PARAMS_CLOSE, DTL_EXPECT_SAME_ON_ALL_RANKS
 #include "dtl/runtime.hpp"         // defines: world()
 #include "dtl/optim.hpp"           // defines: OptimConfig, make_adamw
 #include "dtl/train.hpp"           // defines: train_step (the single-process ground truth)
@@ -106,7 +106,7 @@ TEST(AverageGradientsGrading, FrozenParametersAreSkipped) {
   for (const auto& name : frozen)
     EXPECT_FALSE(model->named_parameters()[name].grad().defined())
         << name << " is frozen: it must not get a gradient";
-  DTL_EXPECT_CLOSE(testing::flat_params(*model), expected, 1e-4, 2e-5);
+  DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 2e-5);
 }
 
 TEST(DataParallelGrading, UntiedDeeperModelManySteps) {
@@ -122,7 +122,7 @@ TEST(DataParallelGrading, UntiedDeeperModelManySteps) {
     auto opt = dtl::make_adamw(*model, oc);
     for (int s = 0; s < steps; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), W());
     const torch::Tensor got = testing::flat_params(*model);
-    DTL_EXPECT_CLOSE(got, expected, 1e-4, 5e-5) << "global batch " << rows;
+    DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 5e-5) << "global batch " << rows;
     DTL_EXPECT_SAME_ON_ALL_RANKS(got) << "global batch " << rows;
   }
 }
@@ -138,7 +138,7 @@ TEST(DataParallelGrading, TrainsOnASubCommunicator) {
   GPT model(cfg);
   auto opt = dtl::make_adamw(*model, dp_adamw(0.0));
   for (int s = 0; s < 2; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), *group);
-  DTL_EXPECT_CLOSE(testing::flat_params(*model), expected, 1e-4, 2e-5)
+  DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 2e-5)
       << "group " << W().rank() % 2 << " of size " << group->size();
   const double ring = 2.0 * (group->size() - 1) / group->size();
   int64_t grad_bytes = 0;

@@ -66,6 +66,25 @@ static ::testing::AssertionResult same_layout(const torch::Tensor& a, const torc
   return ::testing::AssertionFailure() << "values compare equal but bits differ (e.g. -0.0 vs 0.0)";
 }
 
+::testing::AssertionResult params_close(const torch::nn::Module& m, const torch::Tensor& expected_flat,
+                                        double rtol, double atol, bool grads) {
+  const torch::Tensor actual = grads ? flat_grads(m) : flat_params(m);
+  auto r = tensors_close(actual, expected_flat, rtol, atol);
+  if (r || actual.sizes() != expected_flat.sizes()) return r;
+  // Locate the worst element again, in parameter coordinates.
+  auto a = actual.detach().cpu().to(torch::kFloat64), e = expected_flat.detach().cpu().to(torch::kFloat64);
+  auto err = (a - e).abs().nan_to_num(INFINITY) - (atol + rtol * e.abs());
+  int64_t worst = err.argmax().item<int64_t>(), offset = 0;
+  for (const auto& p : m.named_parameters()) {
+    const int64_t numel = p.value().numel();
+    if (worst < offset + numel)
+      return r << fmt::format(" -> worst in {} {}{}", grads ? "the grad of" : "parameter", p.key(),
+                              multi_index(p.value(), worst - offset));
+    offset += numel;
+  }
+  return r;
+}
+
 void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol,
                   double atol, const std::string& what) {
   EXPECT_TRUE(tensors_close(actual, expected, rtol, atol)) << what;

@@ -76,6 +76,19 @@ TEST(Checks, FlatParamsAndModuleComparison) {
   dtl::testing::expect_modules_close(*a, *b);
 }
 
+TEST(Checks, ParamsCloseNamesTheParameter) {
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::Linear(4, 2));
+  auto expected = dtl::testing::flat_params(*net).clone();
+  EXPECT_TRUE(dtl::testing::params_close(*net, expected));
+  {
+    torch::NoGradGuard no_grad;
+    net->named_parameters()["1.weight"][1][3] += 1.0;  // the last layer's weight, row 1, col 3
+  }
+  auto r = dtl::testing::params_close(*net, expected);
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.message(), HasSubstr("worst in parameter 1.weight[1,3]"));
+}
+
 TEST(Perf, MeasureIsCollectiveAndOrdered) {
   auto m = dtl::measure([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }, 1, 5);
   ASSERT_EQ(m.seconds.size(), 5u);

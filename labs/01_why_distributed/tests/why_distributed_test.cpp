@@ -16,7 +16,7 @@
 
 #include "dtl/data.hpp"            // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/error.hpp"           // defines: dtl::Error, dtl::NotImplemented
-#include "dtl/harness/checks.hpp"  // defines: DTL_EXPECT_CLOSE, flat_params, flat_grads
+#include "dtl/harness/checks.hpp"  // defines: DTL_EXPECT_PARAMS_CLOSE, flat_params, flat_grads
 #include "dtl/runtime.hpp"         // defines: world()
 
 namespace dtl::lab01 {
@@ -144,13 +144,13 @@ TEST(TrainStep, IsExactlyForwardBackwardStep) {
     EXPECT_NEAR(loss, ref_loss.item<float>(), 1e-6) << "train_step must return the loss of the "
                                                        "weights before the update, step "
                                                     << step;
-    DTL_EXPECT_CLOSE(testing::flat_grads(*model), testing::flat_grads(*expected), 1e-5, 1e-7)
+    DTL_EXPECT_GRADS_CLOSE(*model, testing::flat_grads(*expected), 1e-5, 1e-7)
         << "gradients after train_step (step " << step << "): stale gradients not cleared?";
     {
       torch::NoGradGuard no_grad;
       for (auto& p : expected->parameters()) p.sub_(lr * p.grad());
     }
-    DTL_EXPECT_CLOSE(testing::flat_params(*model), testing::flat_params(*expected), 1e-5, 1e-6)
+    DTL_EXPECT_PARAMS_CLOSE(*model, testing::flat_params(*expected), 1e-5, 1e-6)
         << "weights after step " << step;
   }
 }

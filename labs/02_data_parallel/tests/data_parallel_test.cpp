@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dtl/data.hpp"            // defines: SyntheticCorpus, GlobalBatchSampler
-#include "dtl/harness/checks.hpp"  // defines: serial, DTL_EXPECT_CLOSE, DTL_EXPECT_SAME_ON_ALL_RANKS
+#include "dtl/harness/checks.hpp"  // defines: serial, DTL_EXPECT_PARAMS_CLOSE, DTL_EXPECT_SAME_ON_ALL_RANKS
 #include "dtl/runtime.hpp"         // defines: world()
 #include "dtl/split.hpp"           // defines: split_range (the oracle of shard_range)
 #include "dtl/optim.hpp"           // defines: OptimConfig, make_adamw
@@ -128,7 +128,7 @@ TEST(AverageGradients, EqualsTheGlobalBatchGradient) {
     // A rank without rows ran no backward: its .grad() tensors are undefined.
     average_gradients(*model, W(), end - begin, rows);
     const torch::Tensor got = testing::flat_grads(*model);
-    DTL_EXPECT_CLOSE(got, expected, 1e-4, 1e-7) << where(rows);
+    DTL_EXPECT_GRADS_CLOSE(*model, expected, 1e-4, 1e-7) << where(rows);
     DTL_EXPECT_SAME_ON_ALL_RANKS(got) << where(rows);
   }
 }
@@ -154,7 +154,7 @@ void expect_dp_equals_serial(const GPTConfig& cfg, int64_t rows, int steps,
     EXPECT_EQ(st.local_rows, end - begin) << where(rows) << ", step " << s;
   }
   const torch::Tensor got = testing::flat_params(*model);
-  DTL_EXPECT_CLOSE(got, expected, rtol, atol) << where(rows) << " after " << steps << " steps";
+  DTL_EXPECT_PARAMS_CLOSE(*model, expected, rtol, atol) << where(rows) << " after " << steps << " steps";
   DTL_EXPECT_SAME_ON_ALL_RANKS(got) << where(rows) << ": the replicas drifted apart";
 }
 
@@ -224,7 +224,7 @@ TEST(DataParallel, RanksWithoutRowsStillTrainInLockstep) {
   if (W().rank() != 0) {
     EXPECT_EQ(st.loss, 0.0) << "no rows, no loss";
   }
-  DTL_EXPECT_CLOSE(testing::flat_params(*model), expected, 1e-4, 2e-5);
+  DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 2e-5);
   DTL_EXPECT_SAME_ON_ALL_RANKS(testing::flat_params(*model));
 }
 

@@ -1,5 +1,5 @@
 // dtl/harness/checks.hpp — defines: expect_close, assert_close, expect_same_on_all_ranks,
-// flat_params, flat_grads, expect_modules_close, serial (ground-truth helper).
+// flat_params, flat_grads, params_close, expect_modules_close, serial (ground-truth helper).
 //
 // The oracles of the labs: a parallel result must equal serial single-process training from the
 // same seed and global batch, and every rank must agree. These checks say *where* they
@@ -51,6 +51,15 @@ void expect_same_on_all_ranks(const torch::Tensor& t, const std::string& what = 
 // order: one tensor to compare two models with.
 torch::Tensor flat_params(const torch::nn::Module& m);
 torch::Tensor flat_grads(const torch::nn::Module& m);  // missing grads count as zeros
+// A module's flat parameters (or grads) against an expected flat vector (e.g. from serial()),
+// with the failure naming the parameter and element that hold the worst difference:
+// "... worst in blocks.1.mlp.fc.weight[3,7]: actual ..., expected ...".
+::testing::AssertionResult params_close(const torch::nn::Module& m, const torch::Tensor& expected_flat,
+                                        double rtol = kRtol, double atol = kAtol, bool grads = false);
+#define DTL_EXPECT_PARAMS_CLOSE(module, expected_flat, ...) \
+  EXPECT_TRUE(::dtl::testing::params_close((module), (expected_flat), ##__VA_ARGS__))
+#define DTL_EXPECT_GRADS_CLOSE(module, expected_flat, rtol, atol) \
+  EXPECT_TRUE(::dtl::testing::params_close((module), (expected_flat), (rtol), (atol), true))
 // Parameter by parameter, with the parameter's name in the failure message.
 void expect_modules_close(const torch::nn::Module& actual, const torch::nn::Module& expected,
                           double rtol = kRtol, double atol = kAtol, bool grads = false);
