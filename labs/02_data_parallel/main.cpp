@@ -126,6 +126,12 @@ int main(int argc, char** argv) {
     dtl::print0("throughput {:.0f} tokens/s over {} rank(s); communication is {:.1f}% of a step",
                 static_cast<double>(batch * cfg.seq_len) / (t_step / 1e3), n,
                 100 * t_transfer / t_step);
+    // Full replication: every rank holds the whole model, its grads and Adam's moments, so the
+    // per-rank peak does not shrink as ranks are added (only the activations do, with the rows).
+    const double peak = dtl::max_over_ranks(static_cast<double>(dtl::memory::peak_bytes()));
+    dtl::print0("peak memory per rank {} (weights + grads + AdamW state = {} of it): run with -n 1, "
+                "2, 4 and compare", dtl::memory::format_bytes(peak),
+                dtl::memory::format_bytes(4.0 * static_cast<double>(grad_bytes)));
     dtl::print0(
         "traffic per step: {} all-reduces of {} in total; on the wire per rank "
         "{} = 2(n-1)/n x gradient bytes",

@@ -17,6 +17,8 @@
 #include "dtl/data.hpp"            // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/error.hpp"           // defines: dtl::Error, dtl::NotImplemented
 #include "dtl/harness/checks.hpp"  // defines: DTL_EXPECT_PARAMS_CLOSE, flat_params, flat_grads
+#include "dtl/memory.hpp"          // defines: current_bytes, format_bytes
+#include "dtl/train.hpp"           // defines: dtl::train_step (the oracle)
 #include "dtl/runtime.hpp"         // defines: world()
 
 namespace dtl::lab01 {
@@ -72,6 +74,30 @@ TEST(FlopsPerToken, SixNPlusAttention) {
   EXPECT_DOUBLE_EQ(flops_per_token(untied_no_bias()), 441792.0);
   // GPT-3: 6 * 174604259328 + 12 * 96 * 12288 * 2048 = 1.0476e12 + 2.90e10
   EXPECT_DOUBLE_EQ(flops_per_token(GPTConfig::gpt3_175b()), 1076616585216.0);
+}
+
+// The prediction against reality: the tracking allocator sees every byte torch allocates. After
+// one fp32 AdamW step the live state is exactly weights + grads + Adam's two moments (the
+// activations of the step are freed by then); only AdamW's per-tensor step counters and
+// allocator rounding come on top.
+TEST(TrainingStateBytes, MatchesWhatTheMemoryTrackerMeasures) {
+  GPTConfig cfg = GPTConfig::tiny();
+  cfg.d_model = 64;
+  cfg.n_head = 4;
+  const StateBytes predicted = training_state_bytes(cfg, Precision::kFP32, OptimizerKind::kAdamW);
+  data::SyntheticCorpus corpus(cfg.vocab_size, 5);
+  data::GlobalBatchSampler sampler(corpus, 4, cfg.seq_len);
+  const torch::Tensor batch = sampler.global_batch_at(0);
+  const size_t before = memory::current_bytes();
+  {
+    GPT model(cfg);
+    auto optimizer = make_adamw(*model);
+    dtl::train_step(model, *optimizer, batch);  // the common oracle, not your train_step
+    const double measured = static_cast<double>(memory::current_bytes() - before);
+    EXPECT_NEAR(measured, static_cast<double>(predicted.total()), 0.02 * predicted.total() + 16384)
+        << "measured " << memory::format_bytes(measured) << " of live training state; predicted "
+        << memory::format_bytes(static_cast<double>(predicted.total()));
+  }
 }
 
 TEST(TrainingStateBytes, EveryPrecisionAndOptimizer) {
