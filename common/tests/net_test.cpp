@@ -205,7 +205,8 @@ TEST(NetTiming, AsyncAllReduceHidesUnderCompute) {
       in_step.push_back(dtl::max_over_ranks(t.seconds()));
       work.wait();
     }, 3);
-    t_compute_in_step = dtl::median(in_step);
+    // measure() runs one untimed warm-up first: its compute is not part of the median step.
+    t_compute_in_step = dtl::median(std::vector<double>(in_step.begin() + 1, in_step.end()));
     int ok = t_step < 0.8 * (t_compute_in_step + t_comm);
     if (dtl::sum_over_ranks(ok) == w.size()) break;
   }

@@ -2,6 +2,7 @@
 //
 // defines: Precision, OptimizerKind, StateBytes, param_count, flops_per_token,
 //          training_state_bytes, mfu, train_step                 <- you implement these
+//          to_string(Precision), to_string(OptimizerKind)        <- given
 // Provided by the runtime (common/): the optimizer (dtl/optim.hpp: OptimConfig, make_adamw,
 // cosine_lr), real model shapes (GPTConfig::gpt3_175b, GPTConfig::llama2_7b_like) and the
 // matmul peak (dtl/perf.hpp: measure_matmul_flops).
@@ -66,6 +67,24 @@ enum class OptimizerKind {
   kSGDMomentum,  // one buffer (momentum)
   kAdamW         // two buffers (first and second moment, m and v)
 };
+
+// Names for messages ("kMixedBF16", "kAdamW"), so a failing test says which case failed.
+inline const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::kFP32: return "kFP32";
+    case Precision::kMixedBF16: return "kMixedBF16";
+    case Precision::kMixedBF16FP32Grads: return "kMixedBF16FP32Grads";
+  }
+  return "?";
+}
+inline const char* to_string(OptimizerKind o) {
+  switch (o) {
+    case OptimizerKind::kSGD: return "kSGD";
+    case OptimizerKind::kSGDMomentum: return "kSGDMomentum";
+    case OptimizerKind::kAdamW: return "kAdamW";
+  }
+  return "?";
+}
 
 // Bytes of the training state of one full replica of the model (no activations: lab 06).
 struct StateBytes {

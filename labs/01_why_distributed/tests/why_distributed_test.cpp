@@ -119,8 +119,8 @@ TEST(TrainingStateBytes, EveryPrecisionAndOptimizer) {
   };
   for (const Case& k : cases) {
     const StateBytes s = training_state_bytes(c, k.p, k.o);
-    const std::string what = "precision " + std::to_string(static_cast<int>(k.p)) + ", optimizer " +
-                             std::to_string(static_cast<int>(k.o));
+    const std::string what = std::string("precision ") + to_string(k.p) + ", optimizer " +
+                             to_string(k.o);
     EXPECT_EQ(s.params, k.params * n) << what;
     EXPECT_EQ(s.grads, k.grads * n) << what;
     EXPECT_EQ(s.master, k.master * n) << what;
