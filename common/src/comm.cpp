@@ -73,7 +73,12 @@ void finish_avg(ReduceOp op, const torch::Tensor& t, int n) {
 }
 
 double bus_factor(OpType op, int n) {
-  if (n <= 1) return op == OpType::Send || op == OpType::Recv || op == OpType::SendRecv ? 1.0 : 0.0;
+  // nccl-tests: broadcast and reduce have factor 1 at any size; the rest vanish at n = 1.
+  if (n <= 1)
+    return op == OpType::Send || op == OpType::Recv || op == OpType::SendRecv ||
+                   op == OpType::Broadcast || op == OpType::Reduce
+               ? 1.0
+               : 0.0;
   switch (op) {
     case OpType::AllReduce: return 2.0 * (n - 1) / n;
     case OpType::ReduceScatter:
@@ -140,12 +145,14 @@ std::string OpRecord::describe() const {
 
 // Registry of live Comms, for describe_all() (the watchdog's diagnosis).
 static std::mutex& registry_mutex() {
-  static std::mutex mu;
-  return mu;
+  static auto* mu = new std::mutex;
+  return *mu;
 }
+// Never destroyed: a Comm held by a static elsewhere (a cache of sub-Comms) may die after this
+// translation unit's statics, and must still find its registry.
 static std::set<Comm*>& registry() {
-  static std::set<Comm*> comms;
-  return comms;
+  static auto* comms = new std::set<Comm*>;
+  return *comms;
 }
 
 Comm::Comm(int rank, int size, std::string name, std::vector<int> world_ranks)
