@@ -25,7 +25,7 @@ const std::vector<Preset>& presets() {
       {"pcie", "intra=20GB/s,10us;nodes=1;time_scale=1000",
        "one node whose GPUs talk over PCIe Gen4 x16 (32 GB/s raw, ~20 GB/s achieved), no NVLink"},
       {"ib-2node", "intra=200GB/s,5us;inter=25GB/s,10us;nodes=2;time_scale=1000",
-       "two NVLink nodes joined by one 200 Gb/s HDR InfiniBand NIC per GPU (25 GB/s), ~10 us "
+       "two NVLink nodes joined by 200 Gb/s HDR InfiniBand (25 GB/s per NIC; each inter-node transfer pays one NIC), ~10 us "
        "inter-node latency"},
       {"eth-2node", "intra=200GB/s,5us;inter=3.125GB/s,50us;nodes=2;time_scale=1000",
        "two NVLink nodes joined by 25 Gb/s Ethernet (3.1 GB/s) with TCP latency ~50 us"},
