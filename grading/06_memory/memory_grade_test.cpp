@@ -62,8 +62,8 @@ Step measure_step(const GPTConfig& cfg, int64_t B, int64_t T, OptimizerKind opt)
   if (opt == OptimizerKind::kAdamW)
     optimizer = dtl::make_adamw(*model);
   else
-    optimizer = std::make_unique<torch::optim::SGD>(model->parameters(),
-                                                    torch::optim::SGDOptions(1e-2));
+    optimizer =
+        std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-2));
   s.m = dtl::lab06::measure(model, *optimizer, batch);
   return s;
 }
@@ -127,7 +127,8 @@ TEST(GradeEstimate, Llama2SevenBInBf16) {
   const int64_t d = 4096, f = 16512, V = 32000, S = 4096, L = 32;
   const int64_t N = 2 * V * d + S * d + L * (4 * d * d + 2 * d * f + 4 * d) + 2 * d;
   EXPECT_EQ(dtl::lab06::parameter_count(c), N);
-  const Breakdown b = dtl::lab06::estimate(c, 1, 4096, Precision::kMixedBF16, OptimizerKind::kAdamW);
+  const Breakdown b =
+      dtl::lab06::estimate(c, 1, 4096, Precision::kMixedBF16, OptimizerKind::kAdamW);
   EXPECT_EQ(b.params, 2 * N);
   EXPECT_EQ(b.grads, 2 * N);
   EXPECT_EQ(b.master, 4 * N);

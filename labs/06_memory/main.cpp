@@ -41,7 +41,8 @@ void at_scale(const char* label, const GPTConfig& c) {
   const int64_t T = 4096;
   const auto e = dtl::lab06::estimate(c, 1, T, Precision::kMixedBF16, OptimizerKind::kAdamW);
   const int64_t N = dtl::lab06::parameter_count(c);
-  const double per_layer = double(dtl::lab06::activation_bytes_per_layer(c, 1, T, Precision::kMixedBF16));
+  const double per_layer =
+      double(dtl::lab06::activation_bytes_per_layer(c, 1, T, Precision::kMixedBF16));
   const double kor = korthikanti_per_layer(c, double(T), 1.0);
   const double gpu = 80e9;
   dtl::print0(

@@ -36,7 +36,9 @@ enum class OptimizerKind {
   kAdamW  // two buffers: first and second moment (m, v)
 };
 inline const char* to_string(Precision p) { return p == Precision::kFP32 ? "kFP32" : "kMixedBF16"; }
-inline const char* to_string(OptimizerKind o) { return o == OptimizerKind::kSGD ? "kSGD" : "kAdamW"; }
+inline const char* to_string(OptimizerKind o) {
+  return o == OptimizerKind::kSGD ? "kSGD" : "kAdamW";
+}
 
 // Where the bytes of one training step go (one full replica: no sharding, no recomputation).
 struct Breakdown {

@@ -68,7 +68,8 @@ Breakdown estimate(const GPTConfig& cfg, int64_t batch, int64_t seq, Precision p
   b.optimizer = optimizer == OptimizerKind::kAdamW ? 8 * N : 0;
   // The embedding's output feeds block 0 (the blocks count their OUTPUT, so the input of block
   // 0 is extra); ln_f's output feeds the head matmul.
-  b.activations = e * BT * cfg.d_model + cfg.n_layer * activation_bytes_per_layer(cfg, batch, seq, precision) +
+  b.activations = e * BT * cfg.d_model +
+                  cfg.n_layer * activation_bytes_per_layer(cfg, batch, seq, precision) +
                   e * BT * cfg.d_model;
   // cross_entropy = log_softmax + nll_loss: log_softmax saves its [B*T, V] output. The logits
   // themselves die when the loss is computed (nothing saves them).

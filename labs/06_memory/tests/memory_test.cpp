@@ -67,8 +67,8 @@ StepRun run_step(const GPTConfig& cfg, int64_t B, int64_t T, OptimizerKind opt) 
   if (opt == OptimizerKind::kAdamW) {
     optimizer = dtl::make_adamw(*model);
   } else {
-    optimizer = std::make_unique<torch::optim::SGD>(model->parameters(),
-                                                    torch::optim::SGDOptions(1e-2));
+    optimizer =
+        std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-2));
   }
   r.m = dtl::lab06::measure(model, *optimizer, batch);
   return r;
@@ -90,9 +90,9 @@ struct Case {
   int64_t B, T;
 };
 std::vector<Case> six_cases() {
-  return {{config(2, 32, 2, 64, 16), 4, 16},  {config(2, 32, 2, 64, 16), 16, 16},
-          {config(2, 32, 2, 64, 64), 4, 64},  {config(4, 32, 2, 64, 32), 4, 32},
-          {config(2, 64, 4, 64, 32), 4, 32},  {config(2, 32, 2, 256, 32), 8, 32}};
+  return {{config(2, 32, 2, 64, 16), 4, 16}, {config(2, 32, 2, 64, 16), 16, 16},
+          {config(2, 32, 2, 64, 64), 4, 64}, {config(4, 32, 2, 64, 32), 4, 32},
+          {config(2, 64, 4, 64, 32), 4, 32}, {config(2, 32, 2, 256, 32), 8, 32}};
 }
 
 bool within(double measured, double predicted, double tol) {
@@ -150,8 +150,7 @@ TEST(Estimate, RejectsBadShapes) {
   const auto O = OptimizerKind::kAdamW;
   EXPECT_THAT(error_of([&] { dtl::lab06::estimate(c, 0, 8, P, O); }), HasSubstr("batch"));
   EXPECT_THAT(error_of([&] { dtl::lab06::estimate(c, 2, 0, P, O); }), HasSubstr("seq"));
-  EXPECT_THAT(error_of([&] { dtl::lab06::estimate(c, 2, c.seq_len + 1, P, O); }),
-              HasSubstr("seq"));
+  EXPECT_THAT(error_of([&] { dtl::lab06::estimate(c, 2, c.seq_len + 1, P, O); }), HasSubstr("seq"));
 }
 
 TEST(Measure, StateAfterAStepIsExact) {
@@ -183,8 +182,8 @@ TEST(Activations, PerLayerFormula) {
 TEST(Activations, WithinFifteenPercentOfWhatForwardLeaves) {
   if (!on_cpu()) GTEST_SKIP() << "the tracker counts CPU memory";
   for (const Case& k : six_cases()) {
-    const Breakdown b = dtl::lab06::estimate(k.cfg, k.B, k.T, Precision::kFP32,
-                                             OptimizerKind::kAdamW);
+    const Breakdown b =
+        dtl::lab06::estimate(k.cfg, k.B, k.T, Precision::kFP32, OptimizerKind::kAdamW);
     const int64_t saved = measured_saved(k.cfg, k.B, k.T);
     EXPECT_PRED3(within, double(saved), double(b.activations + b.logits), 0.15)
         << name(k.cfg, k.B, k.T) << ": measured " << saved << ", predicted "
@@ -195,8 +194,8 @@ TEST(Activations, WithinFifteenPercentOfWhatForwardLeaves) {
 TEST(Peak, WithinFifteenPercentOfTheTrackersPeak) {
   if (!on_cpu()) GTEST_SKIP() << "the tracker counts CPU memory";
   for (const Case& k : six_cases()) {
-    const Breakdown b = dtl::lab06::estimate(k.cfg, k.B, k.T, Precision::kFP32,
-                                             OptimizerKind::kAdamW);
+    const Breakdown b =
+        dtl::lab06::estimate(k.cfg, k.B, k.T, Precision::kFP32, OptimizerKind::kAdamW);
     const StepRun r = run_step(k.cfg, k.B, k.T, OptimizerKind::kAdamW);
     const int64_t peak = r.m.peak - r.baseline;
     EXPECT_PRED3(within, double(peak), double(b.peak), 0.15)
