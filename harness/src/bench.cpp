@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "dtl/error.hpp"
 #include "dtl/perf.hpp"
 #include "dtl/timer.hpp"
 
@@ -41,6 +42,23 @@ void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_fa
   const double algbw = t > 0 ? bytes / t / 1e9 : 0;
   state.counters["algbw_GBps"] = algbw;
   state.counters["busbw_GBps"] = algbw * bus_factor;
+}
+
+void run_all_reduce(benchmark::State& state, Comm& comm,
+                    const std::function<void(const torch::Tensor&)>& all_reduce, bool small_warm_up) {
+  const int64_t bytes = state.range(0);
+  torch::Tensor t = torch::zeros({bytes / 4});
+  try {
+    all_reduce(small_warm_up ? torch::zeros({1}) : t);
+  } catch (const dtl::Error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  for (auto _ : state) {
+    Iteration it(state);  // barrier, start; stop and take the max over ranks
+    all_reduce(t);
+  }
+  set_bandwidth_counters(state, static_cast<double>(bytes), bus_factor(OpType::AllReduce, comm.size()));
 }
 
 }  // namespace dtl::bench

@@ -33,21 +33,7 @@ dtl::Comm& comm() {
 using AllReduceFn = std::function<void(const torch::Tensor&)>;
 
 void run_all_reduce(benchmark::State& state, const AllReduceFn& all_reduce) {
-  const int64_t bytes = state.range(0);
-  // Zeros: a sum of zeros stays zero however many iterations Google Benchmark decides to run.
-  torch::Tensor t = torch::zeros({bytes / 4});
-  try {
-    all_reduce(t);  // warm-up (first-touch of buffers); also the not-implemented probe
-  } catch (const dtl::NotImplemented& e) {
-    state.SkipWithError(e.what());  // every rank throws here alike, so no rank is left waiting
-    return;
-  }
-  for (auto _ : state) {
-    dtl::bench::Iteration it(state);  // barrier, start; stop and take the max over ranks
-    all_reduce(t);
-  }
-  dtl::bench::set_bandwidth_counters(state, static_cast<double>(bytes),
-                                     dtl::bus_factor(dtl::OpType::AllReduce, comm().size()));
+  dtl::bench::run_all_reduce(state, comm(), all_reduce);
 }
 
 void BM_Ring(benchmark::State& state) {

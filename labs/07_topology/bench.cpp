@@ -43,27 +43,7 @@ int ranks_per_node() {
 using AllReduceFn = std::function<void(const torch::Tensor&)>;
 
 void run_all_reduce(benchmark::State& state, const AllReduceFn& all_reduce) {
-  const int64_t bytes = state.range(0);
-  // Zeros: a sum of zeros stays zero however often it is reduced.
-  torch::Tensor t = torch::zeros({bytes / 4});
-  try {
-    // Warm-up and the not-implemented probe (every rank throws alike, so no rank waits). Under
-    // the emulator a one-element tensor does: it builds the hierarchy without paying the large
-    // sizes' emulated seconds twice; without it, the full tensor (first touch of its pages).
-    all_reduce(dtl::net::enabled() ? torch::zeros({1}) : t);
-  } catch (const dtl::NotImplemented& e) {
-    state.SkipWithError(e.what());
-    return;
-  } catch (const dtl::Error& e) {
-    state.SkipWithError(e.what());  // e.g. ranks_per_node does not divide the world
-    return;
-  }
-  for (auto _ : state) {
-    dtl::bench::Iteration it(state);  // barrier, start; stop and take the max over ranks
-    all_reduce(t);
-  }
-  dtl::bench::set_bandwidth_counters(state, static_cast<double>(bytes),
-                                     dtl::bus_factor(dtl::OpType::AllReduce, comm().size()));
+  dtl::bench::run_all_reduce(state, comm(), all_reduce, dtl::net::enabled());
 }
 
 void BM_FlatRing(benchmark::State& state) {

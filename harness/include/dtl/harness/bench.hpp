@@ -1,4 +1,5 @@
-// dtl/harness/bench.hpp — defines: bench::Iteration, bench::set_rate_counters.
+// dtl/harness/bench.hpp — defines: bench::Iteration, bench::set_bandwidth_counters,
+// bench::run_all_reduce.
 //
 // Google Benchmark under MPI. Every rank runs every benchmark; only rank 0 reports (the bench
 // main installs a silent reporter elsewhere). Ranks must agree on how many iterations run, or
@@ -18,8 +19,12 @@
 #pragma once
 
 #include <benchmark/benchmark.h>
+#include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+
+#include "dtl/comm.hpp"
 
 namespace dtl::bench {
 
@@ -42,5 +47,15 @@ double mean_iteration_seconds(const benchmark::State& state);
 // algbw = bytes / time, busbw = algbw x factor (GB/s, 1e9), time = mean iteration time.
 // Call after the timing loop.
 void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_factor);
+
+// The all-reduce benchmark of labs 03 and 07: times all_reduce(t) on a float32 tensor of
+// state.range(0) bytes of zeros (a sum of zeros stays zero however often it is reduced) and
+// sets nccl-tests' all-reduce counters for `comm`. One untimed call first, on the tensor itself
+// (first touch of its pages) or, with small_warm_up, on one element (under the emulator, so the
+// large sizes' emulated seconds are not paid twice); a dtl::Error there (e.g. "not
+// implemented") skips the benchmark on every rank alike, so no rank is left waiting.
+void run_all_reduce(benchmark::State& state, Comm& comm,
+                    const std::function<void(const torch::Tensor&)>& all_reduce,
+                    bool small_warm_up = false);
 
 }  // namespace dtl::bench
