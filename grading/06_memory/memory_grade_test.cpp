@@ -16,6 +16,7 @@
 #include "dtl/optim.hpp"
 #include "dtl/runtime.hpp"
 #include "memory.hpp"
+#include "tests/memory_test_util.hpp"
 
 namespace {
 
@@ -30,15 +31,7 @@ using ::testing::HasSubstr;
 
 bool on_cpu() { return dtl::Runtime::get().device().is_cpu(); }
 
-GPTConfig config(int64_t layers, int64_t d, int64_t heads, int64_t vocab, int64_t seq_len) {
-  GPTConfig c;
-  c.n_layer = layers;
-  c.d_model = d;
-  c.n_head = heads;
-  c.vocab_size = vocab;
-  c.seq_len = seq_len;
-  return c;
-}
+using dtl::lab06::testing::config;
 
 struct Step {
   int64_t baseline = 0;

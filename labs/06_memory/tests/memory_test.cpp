@@ -7,6 +7,7 @@
 // the tracker's live bytes after forward and its peak for activations and peak (within 15%);
 // dtl::OutOfMemory under a memory limit below the predicted peak.
 #include "memory.hpp"
+#include "memory_test_util.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -32,15 +33,7 @@ using dtl::lab06::Precision;
 using dtl::testing::error_of;
 using ::testing::HasSubstr;
 
-GPTConfig config(int64_t layers, int64_t d, int64_t heads, int64_t vocab, int64_t seq_len) {
-  GPTConfig c;
-  c.n_layer = layers;
-  c.d_model = d;
-  c.n_head = heads;
-  c.vocab_size = vocab;
-  c.seq_len = seq_len;
-  return c;
-}
+using dtl::lab06::testing::config;
 
 std::string name(const GPTConfig& c, int64_t B, int64_t T) {
   return "L=" + std::to_string(c.n_layer) + " d=" + std::to_string(c.d_model) +
