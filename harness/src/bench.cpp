@@ -7,6 +7,7 @@
 
 #include "dtl/error.hpp"
 #include "dtl/perf.hpp"
+#include "dtl/runtime.hpp"
 #include "dtl/timer.hpp"
 
 namespace dtl::bench {
@@ -46,19 +47,38 @@ void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_fa
 
 void run_all_reduce(benchmark::State& state, Comm& comm,
                     const std::function<void(const torch::Tensor&)>& all_reduce, bool small_warm_up) {
-  const int64_t bytes = state.range(0);
-  torch::Tensor t = torch::zeros({bytes / 4});
+  const int64_t numel = state.range(0) / 4;
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(Runtime::get().device());
+  // Rank-dependent small integers: every partial sum is exact in float32 whatever the order, so
+  // the result of every timed call can be checked exactly. A benchmark that skips the work, or
+  // does it only for the benchmark's size, fails the check instead of winning.
+  const torch::Tensor pattern = torch::arange(numel, opts).remainder(7);
+  const torch::Tensor input = pattern + (comm.rank() + 1);
+  const torch::Tensor expected = pattern * comm.size() + comm.size() * (comm.size() + 1) / 2;
+  torch::Tensor t = input.clone();
   try {
-    all_reduce(small_warm_up ? torch::zeros({1}) : t);
+    all_reduce(small_warm_up ? torch::ones({1}, opts) : t);
   } catch (const dtl::Error& e) {
     state.SkipWithError(e.what());
     return;
   }
+  t.copy_(input);
+  bool wrong = false;
   for (auto _ : state) {
-    Iteration it(state);  // barrier, start; stop and take the max over ranks
-    all_reduce(t);
+    {
+      Iteration it(state);  // barrier, start; stop and take the max over ranks
+      all_reduce(t);
+    }
+    // Untimed (manual time covers only the block above): check, then restore the input.
+    if (!wrong && !torch::equal(t, expected)) wrong = true;
+    t.copy_(input);
   }
-  set_bandwidth_counters(state, static_cast<double>(bytes), bus_factor(OpType::AllReduce, comm.size()));
+  // Every rank learns whether any rank saw a wrong result, so all of them report alike.
+  if (dtl::max_over_ranks(wrong ? 1.0 : 0.0) > 0) {
+    state.SkipWithError("wrong result: the all-reduce under test did not produce the sum");
+    return;
+  }
+  set_bandwidth_counters(state, static_cast<double>(numel * 4), bus_factor(OpType::AllReduce, comm.size()));
 }
 
 }  // namespace dtl::bench

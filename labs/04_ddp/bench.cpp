@@ -10,8 +10,10 @@
 // itself on every rank (the grader runs benchmarks with the emulator off in the environment).
 // Counters (the slowest rank's step; compute / comm / exposed of the rank with the most
 // compute, see critical_path): compute_ms, comm_ms, exposed_ms and exposed_fraction = exposed /
-// comm. The grader compares BM_DDPStep's time (yours vs the reference's) on 4 ranks.
-#include "dtl/harness/bench.hpp"  // defines: bench::Iteration
+// comm. The grader compares BM_DDPStep's time (yours vs the reference's) on 4 ranks; after every
+// timed step the replicas must be identical on every rank, or the benchmark fails.
+#include "dtl/harness/bench.hpp"   // defines: bench::Iteration
+#include "dtl/harness/checks.hpp"  // defines: testing::same_on_all_ranks, testing::flat_params
 
 #include <benchmark/benchmark.h>
 
@@ -85,6 +87,7 @@ void run_steps(benchmark::State& state, bool naive) {
   timed_step(model, *optimizer, local(0), *comm, naive);  // warm-up: allocator, Adam state
   double compute = 0, comm_s = 0, exposed = 0;
   int64_t step = 1;
+  bool diverged = false;
   for (auto _ : state) {
     const torch::Tensor tokens = local(step++);  // data preparation: not timed
     StepTimes t;
@@ -96,8 +99,16 @@ void run_steps(benchmark::State& state, bool naive) {
     compute += job.compute;
     comm_s += job.comm;
     exposed += job.exposed;
+    // Untimed: every rank trained on different data, so the replicas stay identical only if
+    // the gradients really were averaged. A step that skipped its all-reduces is not timed as
+    // a fast one: it fails the benchmark (same result on every rank: a collective check).
+    if (!dtl::testing::same_on_all_ranks(dtl::testing::flat_params(*model))) diverged = true;
   }
   dtl::trace::enable(was_tracing);
+  if (diverged) {
+    state.SkipWithError("wrong result: the replicas diverged (gradients not averaged)");
+    return;
+  }
   const double iters = static_cast<double>(state.iterations());
   state.counters["compute_ms"] = compute / iters * 1e3;
   state.counters["comm_ms"] = comm_s / iters * 1e3;

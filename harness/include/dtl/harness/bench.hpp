@@ -48,12 +48,15 @@ double mean_iteration_seconds(const benchmark::State& state);
 // Call after the timing loop.
 void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_factor);
 
-// The all-reduce benchmark of labs 03 and 07: times all_reduce(t) on a float32 tensor of
-// state.range(0) bytes of zeros (a sum of zeros stays zero however often it is reduced) and
-// sets nccl-tests' all-reduce counters for `comm`. One untimed call first, on the tensor itself
-// (first touch of its pages) or, with small_warm_up, on one element (under the emulator, so the
-// large sizes' emulated seconds are not paid twice); a dtl::Error there (e.g. "not
-// implemented") skips the benchmark on every rank alike, so no rank is left waiting.
+// The all-reduce benchmark of labs 03 and 07: times all_reduce(t) (a sum) on a float32 tensor
+// of state.range(0) bytes and sets nccl-tests' all-reduce counters for `comm`. The input is
+// rank-dependent and restored outside the timed region; the result of every timed call is
+// compared exactly with the sum, and a wrong one fails the benchmark on every rank
+// (SkipWithError "wrong result"), so nothing is timed that did not do the work. One untimed call
+// first, on the tensor itself (first touch of its pages) or, with small_warm_up, on one element
+// (under the emulator, so the large sizes' emulated seconds are not paid twice); a dtl::Error
+// there (e.g. "not implemented") skips the benchmark on every rank alike, so no rank is left
+// waiting.
 void run_all_reduce(benchmark::State& state, Comm& comm,
                     const std::function<void(const torch::Tensor&)>& all_reduce,
                     bool small_warm_up = false);
