@@ -17,6 +17,10 @@
 # and ctest entries labNN.{student,reference}.nN with labels labNN, student|reference.
 # Only the reference entries run by default in `./lab test`; students run their own with
 # `./lab test NN` (the student label).
+#
+# A student release (`./lab release`) has no solutions/NN_slug for most labs and no grading
+# tests: then only the student side exists, its public tests build by default, and the
+# skeleton check is what the release's CI runs.
 function(dtl_add_lab)
   cmake_parse_arguments(L "" "NUMBER;SLUG;BENCH;MAIN;TIMEOUT;DEMO_RANKS"
                         "SOURCES;TESTS;GRADING_TESTS;WORLD_SIZES;DEPENDS" ${ARGN})
@@ -33,8 +37,21 @@ function(dtl_add_lab)
   if(NOT L_GRADING_TESTS)
     file(GLOB L_GRADING_TESTS ${PROJECT_SOURCE_DIR}/grading/${name}/*_test.cpp)
   endif()
+  set(sides student)
+  if(EXISTS ${sol_dir})
+    list(APPEND sides reference)
+  else()
+    set(L_GRADING_TESTS)  # hidden tests need the reference to be checked against
+  endif()
+  foreach(dep IN LISTS L_DEPENDS)
+    if(NOT TARGET ${dep})
+      message(FATAL_ERROR "lab ${L_NUMBER} builds on ${dep}, which this tree does not have: "
+                          "build that lab too (DTL_ONLY_LABS), or, in a student release, publish "
+                          "its solution (./lab release --publish-solutions)")
+    endif()
+  endforeach()
 
-  foreach(side student reference)
+  foreach(side IN LISTS sides)
     if(side STREQUAL "student")
       set(dir ${lab_dir})
     else()
@@ -63,7 +80,10 @@ function(dtl_add_lab)
     target_include_directories(${lab}_${kind}_obj PUBLIC ${lab_dir})
     dtl_use_torch(${lab}_${kind}_obj)
     set(_on_demand "${on_demand_sides}")  # macro arguments are not variables: IN_LIST needs one
-    foreach(side student reference)
+    if(NOT reference IN_LIST sides)
+      set(_on_demand "")  # without a reference, the student side is what `all` builds
+    endif()
+    foreach(side IN LISTS sides)
       if(side IN_LIST _on_demand)
         add_executable(${lab}_${kind}_${side} EXCLUDE_FROM_ALL $<TARGET_OBJECTS:${lab}_${kind}_obj>)
       else()
@@ -80,7 +100,7 @@ function(dtl_add_lab)
   endforeach()
   if(test_srcs)
     _dtl_lab_exe(test "${test_srcs}" dtl_test_main "")
-    foreach(side student reference)
+    foreach(side IN LISTS sides)
       dtl_add_mpi_test(NAME ${lab}.${side} TARGET ${lab}_test_${side} RANKS ${L_WORLD_SIZES}
                        LABELS "${lab};${side}" TIMEOUT ${L_TIMEOUT})
     endforeach()
