@@ -24,9 +24,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
+#include "audit.hpp"
 #include "rubric.hpp"
 #include "run.hpp"
 
@@ -51,6 +53,12 @@ struct Options {
   int max_world = 0;        // grade only world sizes up to this (0: all); quick regrades, self-test
   std::string only_groups;  // grade only test groups whose name contains this
   std::vector<std::string> notes;  // lines for the top of the report (e.g. ignored files)
+  bool audit = true;                // the static audit of student objects and sources
+  std::string reference_times;      // JSON {lab: seconds}: written with --side reference, read
+                                    // with --side student to set each lab's time budget
+  double budget_min = 240;          // a lab's time budget: max(this, 5 x the reference's time)
+  int output_limit_mb = 64;         // RLIMIT_FSIZE of student runs (their output included)
+  int memory_limit_mb = 6144;       // RLIMIT_DATA per process of student runs
 };
 
 struct GroupRun {
@@ -70,6 +78,7 @@ struct PerfResult {
 
 struct LabResult {
   const Rubric* rubric = nullptr;
+  std::string audit_output;  // what the static audit found, if anything
   std::vector<GroupRun> runs;
   std::vector<PerfResult> perf;
   std::string reason;
@@ -92,6 +101,22 @@ std::string not_implemented_reason(const std::string& msg) {
   return paren == std::string::npos ? r : r.substr(0, paren);
 }
 
+// The audit's policy for a lab: its namespace, its rubric's extra patterns, its headers; and
+// the student sources to check.
+AuditPolicy policy_for(const Rubric& r, const std::string& source, std::vector<std::string>& files) {
+  AuditPolicy policy;
+  policy.lab = r.lab;
+  policy.allow = r.audit_allow;
+  policy.deny = r.audit_deny;
+  const fs::path lab_dir = fs::path(source) / "labs" / r.slug;
+  for (auto& f : r.student_files) files.push_back((lab_dir / f).string());
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(lab_dir, ec))
+    if (e.path().extension() == ".hpp" || e.path().extension() == ".h")
+      policy.headers.push_back(e.path().filename().string());
+  return policy;
+}
+
 class Grader {
  public:
   explicit Grader(Options o) : opt_(std::move(o)) {
@@ -107,6 +132,21 @@ class Grader {
       uid_ = static_cast<int>(pw->pw_uid);
       gid_ = static_cast<int>(pw->pw_gid);
     }
+    if (!opt_.reference_times.empty()) load_reference_times();
+  }
+
+  // After every student command: nothing of the student's may outlive it (a setsid daemon
+  // that would stop the reference's benchmark or rewrite results.json later).
+  void reap_student() const {
+    if (uid_ > 0 && opt_.side == "student") kill_user_processes(uid_, gid_);
+  }
+  Limits student_limits() const {
+    Limits l;
+    if (opt_.side == "student") {
+      l.file_bytes = static_cast<long long>(opt_.output_limit_mb) << 20;
+      l.data_bytes = static_cast<long long>(opt_.memory_limit_mb) << 20;
+    }
+    return l;
   }
   ~Grader() {
     std::error_code ec;
@@ -116,11 +156,33 @@ class Grader {
   LabResult grade(const Rubric& r) {
     LabResult lab;
     lab.rubric = &r;
+    const auto lab_start = std::chrono::steady_clock::now();
+    // A time budget for the whole lab, from the reference's own time when known: a submission
+    // that sleeps just under every timeout cannot keep the grader busy for hours.
+    budget_ = -1;
+    if (opt_.side == "student" && reference_seconds_.count(r.lab))
+      budget_ = std::max(opt_.budget_min, 5 * reference_seconds_[r.lab]);
+    const bool student = opt_.side == "student";
+    std::string rejected;
+    if (student && opt_.audit) rejected = audit(r, lab.audit_output);
     for (auto& g : r.tests) {
       if (!opt_.only_groups.empty() && g.name.find(opt_.only_groups) == std::string::npos) continue;
-      for (int n : g.world_sizes)
-        if (opt_.max_world == 0 || n <= opt_.max_world) lab.runs.push_back(run_group(r, g, n));
+      for (int n : g.world_sizes) {
+        if (opt_.max_world != 0 && n > opt_.max_world) continue;
+        if (!rejected.empty()) {
+          lab.runs.push_back(not_run(g, n, rejected, lab.audit_output));
+        } else if (budget_ >= 0 && seconds_since(lab_start) > budget_) {
+          lab.runs.push_back(not_run(g, n,
+                                     fmt::format("time budget of {:.0f} s for lab {} used up (the "
+                                                 "reference needs {:.0f} s)", budget_, r.lab,
+                                                 reference_seconds_[r.lab]), ""));
+        } else {
+          const double left = budget_ < 0 ? -1 : budget_ - seconds_since(lab_start);
+          lab.runs.push_back(run_group(r, g, n, left));
+        }
+      }
     }
+    if (!student && !opt_.reference_times.empty()) reference_seconds_[r.lab] = seconds_since(lab_start);
     std::string first_reason;
     for (auto& run : lab.runs) {
       lab.correctness += run.score;
@@ -129,7 +191,7 @@ class Grader {
       lab.pairs_total += run.total;
       if (first_reason.empty() && !run.reason.empty()) first_reason = run.reason;
     }
-    const bool correct = lab.pairs_total > 0 && lab.pairs_passed == lab.pairs_total;
+    const bool correct = lab.pairs_total > 0 && lab.pairs_passed == lab.pairs_total && rejected.empty();
     for (auto& c : r.performance) {
       lab.performance_max += c.points;
       PerfResult p = correct ? (opt_.perf ? run_perf(r, c) : skipped(c, "skipped (--no-perf)"))
@@ -142,7 +204,94 @@ class Grader {
     return lab;
   }
 
+ public:
+  // Reference times (the budget's base) from an earlier `--side reference` run.
+  void load_reference_times() {
+    std::ifstream in(opt_.reference_times);
+    json j = json::parse(in, nullptr, false);
+    if (j.is_object())
+      for (auto& [lab, seconds] : j.items())
+        if (seconds.is_number()) reference_seconds_[lab] = seconds.get<double>();
+  }
+  void save_reference_times() const {
+    if (opt_.side != "reference" || opt_.reference_times.empty()) return;
+    json j = json::object();
+    std::ifstream in(opt_.reference_times);
+    json old = json::parse(in, nullptr, false);
+    if (old.is_object()) j = old;
+    for (auto& [lab, seconds] : reference_seconds_) j[lab] = seconds;
+    std::ofstream(opt_.reference_times) << j.dump(2) << "\n";
+  }
+
  private:
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  GroupRun not_run(const TestGroup& g, int n, const std::string& reason, const std::string& output) {
+    GroupRun run;
+    run.group = &g;
+    run.world = n;
+    run.max_score = g.points / static_cast<double>(g.world_sizes.size());
+    run.total = 1;
+    run.reason = reason;
+    run.output = output;
+    return run;
+  }
+
+  // The static audit (audit.hpp) of the student's objects and sources: "" if clean, else the
+  // reason every test of the lab gets 0, with the full list in `output`.
+  std::string audit(const Rubric& r, std::string& output) {
+    std::vector<std::string> sources, objects;
+    AuditPolicy policy = policy_for(r, opt_.source, sources);
+    std::error_code ec;
+    const std::string objdir = fmt::format("dtl_lab{}_student.dir", r.lab);
+    for (auto it = fs::recursive_directory_iterator(fs::path(opt_.build) / "labs", ec);
+         it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) break;
+      const std::string p = it->path().string();
+      if (p.find("/" + objdir + "/") != std::string::npos && it->path().extension() == ".o")
+        objects.push_back(p);
+    }
+    // The shared libraries the tests load, from the reference's binary (never run student code
+    // to learn something about it).
+    const std::string ref = bin(r, "test", "reference");
+    if (fs::exists(ref)) {
+      try {
+        std::istringstream ldd(capture("ldd '" + ref + "' 2>/dev/null"));
+        for (std::string line; std::getline(ldd, line);) {
+          auto arrow = line.find("=> /");
+          if (arrow == std::string::npos) continue;
+          std::string path = line.substr(arrow + 3);
+          path = path.substr(0, path.find(" ("));
+          // The libraries whose functions the tests, the harness and the runtime call (LibTorch
+          // alone pulls in ~300 others, opencv included, that no test reaches).
+          static const std::regex relevant(
+              R"(/lib((torch|c10|stdc\+\+|mpi|open-pal|open-rte|gtest|gmock|fmt|benchmark|dtl)[^/]*|c|m|gcc_s)\.so[^/]*$)");
+          if (path.rfind(opt_.build, 0) == 0 || std::regex_search(path, relevant))
+            policy.libraries.push_back(path);
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    std::vector<std::string> problems;
+    try {
+      problems = audit_sources(sources, policy);
+      if (objects.empty() && fs::exists(bin(r, "test", "student")))
+        problems.push_back("the student objects were not found in the build directory");
+      auto more = audit_objects(objects, policy);
+      problems.insert(problems.end(), more.begin(), more.end());
+    } catch (const std::exception& e) {
+      problems.push_back(std::string("the audit could not run: ") + e.what());
+    }
+    if (problems.empty()) return "";
+    output = "The grader checks what your code calls and defines before running it (see "
+             "grading/README.md, \"What the grader allows\"). Found:\n";
+    for (auto& pr : problems) output += "  " + pr + "\n";
+    return fmt::format("rejected by the code audit: {}{}", problems.front(),
+                       problems.size() > 1 ? fmt::format(" (and {} more)", problems.size() - 1) : "");
+  }
+
   std::string bin(const Rubric& r, const std::string& kind, const std::string& side) const {
     return (fs::path(opt_.build) / "bin" / fmt::format("lab{}_{}_{}", r.lab, kind, side)).string();
   }
@@ -168,9 +317,10 @@ class Grader {
     return out.empty() ? tail(log, 30) : out;
   }
 
-  // Commands run as the unprivileged user when grading as root (Gradescope).
+  // Student commands run as the unprivileged user when grading as root (Gradescope); the
+  // reference's run as the grader, out of the student's reach (no signal, no ptrace).
   std::vector<std::string> wrap(std::vector<std::string> cmd) const {
-    if (opt_.run_as.empty()) return cmd;
+    if (opt_.run_as.empty() || opt_.side != "student") return cmd;
     std::vector<std::string> out = {"setpriv", fmt::format("--reuid={}", uid_),
                                     fmt::format("--regid={}", gid_), "--clear-groups", "--"};
     out.insert(out.end(), cmd.begin(), cmd.end());
@@ -199,9 +349,12 @@ class Grader {
 
   // The tests the group must run, asked before running anything (the single-process list mode
   // of the test main), so a crash cannot hide how many tests there were.
-  std::vector<std::string> list_tests(const std::string& exe, const std::string& filter) {
-    auto res = run_command(wrap({exe, "--gtest_list_tests", "--gtest_filter=" + filter}), 120,
-                           mpi_env());
+  std::vector<std::string> list_tests(const std::string& exe, const std::string& filter, bool trusted) {
+    auto res = run_command(trusted ? std::vector<std::string>{exe, "--gtest_list_tests",
+                                                              "--gtest_filter=" + filter}
+                                   : wrap({exe, "--gtest_list_tests", "--gtest_filter=" + filter}),
+                           120, mpi_env(), "", trusted ? Limits{} : student_limits());
+    if (!trusted) reap_student();
     std::vector<std::string> names;
     std::istringstream lines(res.output);
     std::string line, suite;
@@ -218,7 +371,7 @@ class Grader {
     return names;
   }
 
-  GroupRun run_group(const Rubric& r, const TestGroup& g, int n) {
+  GroupRun run_group(const Rubric& r, const TestGroup& g, int n, double seconds_left) {
     GroupRun run;
     run.group = &g;
     run.world = n;
@@ -230,7 +383,12 @@ class Grader {
       run.output = fmt::format("{} was not built.\n{}", fs::path(exe).filename().string(), build_log(r));
       return run;
     }
-    auto expected = list_tests(exe, g.filter);
+    // The tests that must pass come from the reference's binary when there is one: the
+    // student's process cannot shrink the list (a rewritten --gtest_filter runs fewer tests,
+    // and every missing test counts as failed).
+    const std::string ref = bin(r, g.binary, "reference");
+    const bool from_reference = opt_.side == "student" && fs::exists(ref);
+    auto expected = list_tests(from_reference ? ref : exe, g.filter, from_reference || opt_.side != "student");
     run.total = std::max<int>(1, static_cast<int>(expected.size()));
     std::string report = fmt::format("{}/lab{}_{}_n{}_{}.json", reports_, r.lab, g.binary, n, counter_++);
     if (!opt_.run_as.empty()) {
@@ -243,9 +401,11 @@ class Grader {
                           fmt::format("--dtl_timeout={}", opt_.test_timeout)})
       cmd.push_back(a);
     int timeout = g.timeout > 0 ? g.timeout : opt_.timeout;
+    if (seconds_left >= 0) timeout = std::max(1, std::min(timeout, static_cast<int>(seconds_left) + 1));
     auto env = mpi_env();
     env.push_back("DTL_WATCHDOG_REPORT=" + watchdog_report);  // the watchdog's findings, as JSON
-    auto res = run_command(wrap(cmd), timeout, env, reports_);
+    auto res = run_command(wrap(cmd), timeout, env, reports_, student_limits());
+    reap_student();
     std::ifstream watchdog_in(watchdog_report);
     const json watchdog = json::parse(watchdog_in, nullptr, false);
     std::remove(watchdog_report.c_str());
@@ -266,16 +426,28 @@ class Grader {
             passed.insert(name);
         }
     }
-    // A clean exit is required too: a report that says "passed" from a job that crashed,
-    // hung or exited non-zero counts for nothing.
-    const bool clean = !res.timed_out && res.exit_code == 0;
-    for (auto& name : expected)
-      if (clean && passed.count(name)) ++run.passed;
-    if (expected.empty() && clean && failed.empty() && !passed.empty()) run.passed = run.total;
+    // Per-test results count only from a job that ended by itself: exit 0, or gtest's exit 1
+    // ("some test failed") with a report that lists every expected test. A report from a job
+    // that crashed, hung, was killed or exited otherwise counts for nothing.
+    size_t reported = 0;
+    for (auto& name : expected) reported += passed.count(name) + failed.count(name);
+    const bool complete = !expected.empty() && reported == expected.size();
+    const bool trusted = !res.timed_out && !res.output_limited && res.signal == 0 &&
+                         (res.exit_code == 0 || (res.exit_code == 1 && complete));
+    std::vector<std::string> missing;
+    for (auto& name : expected) {
+      if (trusted && passed.count(name)) ++run.passed;
+      if (!passed.count(name) && !failed.count(name)) missing.push_back(name);
+    }
+    if (expected.empty() && trusted && res.exit_code == 0 && failed.empty() && !passed.empty())
+      run.passed = run.total;
     run.score = run.max_score * run.passed / run.total;
 
     if (run.passed == run.total) return run;
-    if (res.timed_out) {
+    if (res.output_limited) {
+      run.reason = fmt::format("stopped at n={}: its output reached the limit of {} MiB",
+                               n, opt_.output_limit_mb);
+    } else if (res.timed_out) {
       run.reason = fmt::format("timed out after {} s at n={} (a hang: see the watchdog's report)",
                                timeout, n);
     } else if (!watchdog.is_discarded() && watchdog.contains("summary")) {
@@ -303,6 +475,10 @@ class Grader {
       if (run.reason.empty())
         run.reason = fmt::format("{} of {} tests fail at n={}; first: {}: {}", run.total - run.passed,
                                  run.total, n, failed.begin()->first, first_line(failed.begin()->second, 160));
+    } else if (trusted && !missing.empty()) {
+      run.reason = fmt::format("{} of {} expected tests did not run at n={} (first: {}); a test "
+                               "that does not run counts as failed", missing.size(), run.total, n,
+                               missing.front());
     } else if (j.is_discarded()) {
       run.reason = fmt::format("no test report at n={} (exit code {}{}): the job died before the "
                                "end", n, res.exit_code,
@@ -331,7 +507,10 @@ class Grader {
     for (std::string a : {exe, "--benchmark_filter=^" + c.benchmark, "--benchmark_out=" + out,
                           std::string("--benchmark_out_format=json")})
       cmd.push_back(a);
-    auto res = run_command(wrap(cmd), opt_.timeout, mpi_env(), reports_);
+    const bool mine = exe == bin_of_side_;
+    auto res = run_command(mine ? wrap(cmd) : cmd, opt_.timeout, mpi_env(), reports_,
+                           mine ? student_limits() : Limits{});
+    if (mine) reap_student();
     std::ifstream in(out);
     json j = json::parse(in, nullptr, false);
     std::remove(out.c_str());
@@ -344,6 +523,11 @@ class Grader {
     for (auto& b : j.value("benchmarks", json::array())) {
       std::string name = b.value("name", "");
       if (name.rfind(c.benchmark, 0) != 0 || b.value("run_type", "iteration") != "iteration") continue;
+      if (b.value("error_occurred", false)) {
+        log += fmt::format("{}: {}: {}\n", fs::path(exe).filename().string(), name,
+                           b.value("error_message", "error"));
+        return NAN;
+      }
       if (c.counter == "real_time") return b.value("real_time", NAN);
       if (b.contains(c.counter)) return b[c.counter].get<double>();
     }
@@ -356,6 +540,7 @@ class Grader {
     PerfResult p;
     p.check = &c;
     const std::string mine = bin(r, "bench", opt_.side), ref = bin(r, "bench", "reference");
+    bin_of_side_ = opt_.side == "student" ? mine : "";
     if (!fs::exists(mine) || !fs::exists(ref)) return skipped(c, "benchmark binary missing");
     // Interleaved (A B A B ...), so both sides see the same machine; medians per side.
     std::vector<double> a, b;
@@ -387,6 +572,9 @@ class Grader {
 
   Options opt_;
   std::string reports_;
+  std::string bin_of_side_;  // the student's benchmark binary (runs as the student)
+  double budget_ = -1;       // seconds for the lab being graded; -1: none
+  std::map<std::string, double> reference_seconds_;
   int uid_ = -1, gid_ = -1;
   int counter_ = 0;
 };
@@ -462,6 +650,11 @@ std::string table(const std::vector<LabResult>& labs, const Options& opt) {
   out += fmt::format("{:<5} {:<44} {:>9} {:>13} {:>11} {:>13}\n", "", "total", "", "", "",
                      fmt::format("{:.1f}/{:.0f}", got, max));
   out += fmt::format("graded: the {} build\n", opt.side == "student" ? "student" : "reference (--solutions)");
+  for (auto& lab : labs)
+    if (lab.rubric->autograder_only_points > 0)
+      out += fmt::format("lab {}: these are the public tests only; the hidden tests and performance "
+                         "checks ({:.0f} of 100 points) are graded by the course's autograder\n",
+                         lab.rubric->lab, lab.rubric->autograder_only_points);
   return out;
 }
 
@@ -574,6 +767,136 @@ int summarize(const std::string& dir, const std::vector<std::string>& names) {
   return ok == total && missing.empty() ? 0 : 1;
 }
 
+// A student release's rubric: the public groups (binary "test") only; the points of the rest
+// are recorded so `./lab grade` can say what the course's autograder adds.
+int print_public_rubric(const std::string& file) {
+  std::ifstream in(file);
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) {
+    std::cerr << file << ": not valid JSON\n";
+    return 2;
+  }
+  double hidden = 0;
+  json tests = json::array();
+  for (auto& t : j.value("tests", json::array())) {
+    if (t.value("binary", "") == "test")
+      tests.push_back(t);
+    else
+      hidden += t.value("points", 0.0);
+  }
+  for (auto& p : j.value("performance", json::array())) hidden += p.value("points", 0.0);
+  j["tests"] = tests;
+  j.erase("performance");
+  j["autograder_only_points"] = hidden;
+  std::cout << j.dump(2) << "\n";
+  return 0;
+}
+
+// gtest's --gtest_filter: "POS1:POS2-NEG1:NEG2", each a glob with * and ?.
+bool glob_match(const char* p, const char* s) {
+  if (*p == '\0') return *s == '\0';
+  if (*p == '*') return glob_match(p + 1, s) || (*s != '\0' && glob_match(p, s + 1));
+  return *s != '\0' && (*p == '?' || *p == *s) && glob_match(p + 1, s + 1);
+}
+bool gtest_filter_matches(const std::string& filter, const std::string& name) {
+  const auto dash = filter.find('-');
+  auto any = [&](const std::string& list) {
+    std::istringstream in(list);
+    for (std::string pat; std::getline(in, pat, ':');)
+      if (!pat.empty() && glob_match(pat.c_str(), name.c_str())) return true;
+    return false;
+  };
+  const std::string pos = filter.substr(0, dash);
+  return (pos.empty() ? true : any(pos)) && (dash == std::string::npos || !any(filter.substr(dash + 1)));
+}
+
+// --validate: what a rubric promises must exist. Needs the reference build (./lab build).
+int validate_rubrics(const Options& opt) {
+  int bad = 0;
+  auto problem = [&](const Rubric& r, const std::string& what) {
+    std::cerr << fmt::format("lab {}: {}\n", r.lab, what);
+    ++bad;
+  };
+  std::vector<Rubric> rubrics;
+  try {
+    rubrics = load_rubrics(opt.source, opt.labs);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  const fs::path bindir = fs::path(opt.build) / "bin";
+  std::map<std::string, std::vector<std::string>> listings;  // binary -> "Suite.Test" names
+  for (auto& r : rubrics) {
+    const fs::path lab_dir = fs::path(opt.source) / "labs" / r.slug;
+    const double total = r.max_points() + r.autograder_only_points;
+    if (std::fabs(total - 100) > 1e-6) problem(r, fmt::format("points total {:g}, not 100", total));
+    for (auto& f : r.student_files)
+      if (!fs::exists(lab_dir / f)) problem(r, fmt::format("student file {} does not exist", f));
+    const bool has_reference = fs::exists(fs::path(opt.source) / "solutions" / r.slug);
+    const std::string side = has_reference ? "reference" : "student";
+    for (auto& g : r.tests) {
+      const fs::path exe = bindir / fmt::format("lab{}_{}_{}", r.lab, g.binary, side);
+      if (!fs::exists(exe)) {
+        problem(r, fmt::format("group '{}': {} is not built", g.name, exe.filename().string()));
+        continue;
+      }
+      // One listing per binary (each start costs a second or two), filters matched here.
+      auto& names = listings[exe.string()];
+      if (names.empty()) {
+        auto res = run_command({exe.string(), "--gtest_list_tests"}, 120);
+        std::istringstream lines(res.output);
+        std::string suite;
+        for (std::string line; std::getline(lines, line);) {
+          if (line.empty()) continue;
+          if (line[0] != ' ') suite = line;
+          else names.push_back(suite + line.substr(2, line.find(' ', 2) - 2));
+        }
+      }
+      int tests = 0;
+      for (auto& name : names) tests += gtest_filter_matches(g.filter, name);
+      if (tests == 0)
+        problem(r, fmt::format("group '{}': filter '{}' matches no test of {}", g.name, g.filter,
+                               exe.filename().string()));
+      if (g.world_sizes.empty()) problem(r, fmt::format("group '{}': no world sizes", g.name));
+    }
+    for (auto& c : r.performance) {
+      const fs::path exe = bindir / fmt::format("lab{}_bench_reference", r.lab);
+      if (!fs::exists(exe)) {
+        problem(r, fmt::format("performance '{}': {} is not built (cmake --build build --target {})",
+                               c.name, exe.filename().string(), exe.filename().string()));
+        continue;
+      }
+      auto res = run_command({exe.string(), "--benchmark_list_tests", "--benchmark_filter=^" + c.benchmark}, 120);
+      if (res.output.find(c.benchmark) == std::string::npos)
+        problem(r, fmt::format("performance '{}': no benchmark '{}' in {}", c.name, c.benchmark,
+                               exe.filename().string()));
+    }
+    // Hidden tests may check only what the header promises: they include the lab's headers,
+    // the runtime and the harness, nothing of the solution.
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(fs::path(opt.source) / "grading" / r.slug, ec)) {
+      if (e.path().extension() != ".cpp" && e.path().extension() != ".hpp") continue;
+      std::ifstream in(e.path());
+      int n = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++n;
+        auto pos = line.find("#include \"");
+        if (pos == std::string::npos) continue;
+        std::string inc = line.substr(pos + 10);
+        inc = inc.substr(0, inc.find('"'));
+        const bool ok = inc.rfind("dtl/", 0) == 0 || fs::exists(lab_dir / inc) ||
+                        fs::exists(e.path().parent_path() / inc);
+        if (!ok || inc.find("solutions") != std::string::npos)
+          problem(r, fmt::format("{}:{}: includes \"{}\" (grading tests see only the lab's headers, "
+                                 "dtl/ and their own directory)", e.path().filename().string(), n, inc));
+      }
+    }
+    std::cerr << fmt::format("lab {}: rubric checked ({} groups, {} performance checks)\n", r.lab,
+                             r.tests.size(), r.performance.size());
+  }
+  return bad ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -593,6 +916,23 @@ int main(int argc, char** argv) {
   app.add_option("--max-world", opt.max_world, "grade world sizes up to N only (quick checks)");
   app.add_option("--only-groups", opt.only_groups, "grade test groups whose name contains TEXT");
   app.add_option("--note", opt.notes, "a line to add to the report (repeatable)");
+  app.add_flag("!--no-audit", opt.audit, "skip the static audit of student code (audit.hpp)");
+  app.add_option("--reference-times", opt.reference_times,
+                 "JSON of each lab's reference grading time: written by --side reference, "
+                 "read by --side student for the lab's time budget");
+  app.add_option("--budget-min", opt.budget_min, "smallest time budget per lab (seconds)");
+  app.add_option("--output-limit-mb", opt.output_limit_mb, "largest file/output a student run may write");
+  app.add_option("--memory-limit-mb", opt.memory_limit_mb, "heap per process of a student run");
+  bool audit_sources_only = false;
+  app.add_flag("--audit-sources", audit_sources_only,
+               "audit the student sources of --labs (before building them) and exit: 1 if rejected");
+  bool validate = false;
+  app.add_flag("--validate", validate,
+               "check every rubric against the built binaries (filters match tests, points, "
+               "student files, benchmarks, grading-test includes) and exit");
+  std::string public_rubric;
+  app.add_option("--public-rubric", public_rubric,
+                 "print the student-release version of this rubric.json (public groups only)");
   bool list = false;
   app.add_flag("--list", list, "print 'NN slug file...' for every rubric and exit (for ./lab)");
   std::string check_file;
@@ -608,6 +948,26 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (!check_file.empty()) return check_results(check_file, expects);
+  if (!public_rubric.empty()) return print_public_rubric(public_rubric);
+  if (validate) return validate_rubrics(opt);
+  if (audit_sources_only) {
+    try {
+      for (auto& l : opt.labs) l = fmt::format("{:02d}", std::stoi(l));
+      int bad = 0;
+      for (auto& r : load_rubrics(opt.source, opt.labs)) {
+        std::vector<std::string> files;
+        AuditPolicy policy = policy_for(r, opt.source, files);
+        for (auto& problem : audit_sources(files, policy)) {
+          std::cout << "lab " << r.lab << ": " << problem << "\n";
+          ++bad;
+        }
+      }
+      return bad ? 1 : 0;
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      return 2;
+    }
+  }
   if (!summary_tests.empty()) return summarize(reports, summary_tests);
 
   if (list) {
@@ -637,6 +997,7 @@ int main(int argc, char** argv) {
       std::cerr << fmt::format("grading lab {} ({})...\n", r.lab, r.title);
       results.push_back(grader.grade(r));
     }
+    grader.save_reference_times();
   } catch (const std::exception& e) {
     fatal = e.what();
   }

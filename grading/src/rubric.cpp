@@ -49,6 +49,11 @@ static Rubric parse(const fs::path& file) {
     g.timeout = t.value("timeout", 0);
     r.tests.push_back(g);
   }
+  if (j.contains("audit")) {
+    r.audit_allow = j["audit"].value("allow", std::vector<std::string>{});
+    r.audit_deny = j["audit"].value("deny", std::vector<std::string>{});
+  }
+  r.autograder_only_points = j.value("autograder_only_points", 0.0);
   for (auto& p : j.value("performance", json::array())) {
     PerfCheck c;
     c.name = need(p, "name").get<std::string>();

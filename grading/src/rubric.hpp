@@ -29,6 +29,9 @@ struct PerfCheck {
 
 struct Rubric {
   std::string lab;    // "03"
+  std::vector<std::string> audit_allow, audit_deny;  // "audit": extra symbol patterns (audit.hpp)
+  double autograder_only_points = 0;  // a student release's rubric: the hidden tests' and
+                                      // performance checks' points, graded by the course only
   std::string slug;   // "03_ring_allreduce"
   std::string title;
   std::vector<std::string> student_files;

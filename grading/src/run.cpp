@@ -3,6 +3,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 namespace dtl::grade {
@@ -30,7 +33,8 @@ std::string tail(const std::string& text, int lines) {
 }
 
 RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
-                      const std::vector<std::string>& env, const std::string& cwd) {
+                      const std::vector<std::string>& env, const std::string& cwd,
+                      const Limits& limits) {
   RunResult result;
   char path[] = "/tmp/dtl-grade-out-XXXXXX";
   int out_fd = mkstemp(path);
@@ -48,6 +52,16 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
     dup2(out_fd, 1);
     dup2(out_fd, 2);
     if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
+    // Inherited by mpirun and every rank: output beyond the cap ends the writer (SIGXFSZ)
+    // instead of filling the disk; a rank past its memory cap fails to allocate.
+    if (limits.file_bytes > 0) {
+      rlimit r{static_cast<rlim_t>(limits.file_bytes), static_cast<rlim_t>(limits.file_bytes)};
+      setrlimit(RLIMIT_FSIZE, &r);
+    }
+    if (limits.data_bytes > 0) {
+      rlimit r{static_cast<rlim_t>(limits.data_bytes), static_cast<rlim_t>(limits.data_bytes)};
+      setrlimit(RLIMIT_DATA, &r);
+    }
     for (auto& kv : env) putenv(strdup(kv.c_str()));
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -62,8 +76,11 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
   for (;;) {
     pid_t done = waitpid(pid, &status, WNOHANG);
     if (done == pid) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      result.timed_out = true;
+    struct stat st {};
+    const bool flooded = limits.file_bytes > 0 && fstat(out_fd, &st) == 0 &&
+                         st.st_size >= limits.file_bytes;
+    if (flooded || std::chrono::steady_clock::now() > deadline) {
+      (flooded ? result.output_limited : result.timed_out) = true;
       kill(-pid, SIGTERM);
       auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(3);
       while (waitpid(pid, &status, WNOHANG) != pid) {
@@ -89,6 +106,30 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
   if (pread(out_fd, result.output.data(), result.output.size(), from) < 0) result.output.clear();
   close(out_fd);
   return result;
+}
+
+bool kill_user_processes(int uid, int gid) {
+  if (geteuid() != 0 || uid <= 0) return false;
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setgid(static_cast<gid_t>(gid)) != 0 || setuid(static_cast<uid_t>(uid)) != 0) _exit(1);
+    kill(-1, SIGKILL);  // every process this uid may signal, except the caller itself
+    _exit(0);
+  }
+  int status = 0;
+  if (pid > 0) waitpid(pid, &status, 0);
+  return pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+std::string capture(const std::string& shell_command) {
+  FILE* pipe = popen(shell_command.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot run: " + shell_command);
+  std::string out;
+  char buf[8192];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  if (pclose(pipe) != 0) throw std::runtime_error("failed: " + shell_command);
+  return out;
 }
 
 }  // namespace dtl::grade
