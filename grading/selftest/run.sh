@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The grader's own end-to-end test: grades crafted lab-03 submissions through
 # `./lab grade --submission` and checks each score and reason in results.json.
+# Every class of attack in grading/README.md ("What the grader allows") has a submission here with
+# its expected score and reason (make_submissions.sh lists them).
 # Runs in CI through ctest (label grading). To stay within minutes it reuses one scratch
 # build for all submissions (DTL_SCRATCH: only the student file recompiles) and grades the
 # ring all-reduce groups at world sizes up to 3, which every crafted failure affects.
@@ -51,11 +53,60 @@ grade deadlock --no-perf
 expect deadlock "score > 0"
 expect deadlock "score < max"
 expect deadlock "reason contains 'hang'"
-grade fake --no-perf
-expect fake "score == 0"
+grade partial --no-perf
+expect partial "correctness > 0"
+expect partial "score < max"
+expect partial "reason contains 'tests fail at n='"
 grade extra --no-perf
 expect extra "correctness == correctness_max"
 expect extra "output contains 'ignored (not in the allow-list): grader_hack.cpp notes.txt'"
+
+# Cheating: the static audit stops these before any of their code runs.
+audited() {  # audited VARIANT TEXT: score 0, rejected by the audit, TEXT in the findings
+  grade "$1" --no-perf
+  expect "$1" "score == 0"
+  expect "$1" "reason contains 'rejected by the code audit'"
+  expect "$1" "output contains '$2'"
+}
+audited fake "calls std::basic_ofstream"
+audited argv "uses compiler attributes"
+audited reporter "includes <gtest/gtest-spi.h>"
+audited atexit "calls atexit"
+audited mpi "calls MPI_Allreduce"
+audited builtin "calls dtl::Comm::all_reduce"
+audited interpose "replaces dtl::Comm::all_reduce"
+audited daemon "calls fork"
+audited leak "../../grading/03_ring_allreduce"
+# ...and these by what the grader measures.
+grade benchcheat
+expect benchcheat "correctness == correctness_max"
+expect benchcheat "performance == 0"
+expect benchcheat "output contains 'wrong result'"
+echo '{"03": 1}' >"$work/times.json"
+grade sleepy --no-perf --reference-times "$work/times.json" --budget-min 20
+expect sleepy "score < max"
+expect sleepy "reason contains 'time budget of 20 s for lab 03 used up'"
+grade flood --no-perf --output-limit-mb 8
+expect flood "score == 0"
+expect flood "reason contains 'output reached the limit of 8 MiB'"
+
+# Gradescope, end to end: run_autograder on a tree laid out as Gradescope lays it out, as root
+# with the unprivileged user when the CI runs as root (as Gradescope does).
+ag="$work/autograder"
+mkdir -p "$ag/submission"
+cp "$work/subs/correct/ring_allreduce.cpp" "$ag/submission/"
+user=""
+if [ "$(id -u)" -eq 0 ]; then
+  user=dtl-selftest-student
+  id -u "$user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$user"
+fi
+echo "==== gradescope (user: ${user:-none, not root})"
+DTL_AUTOGRADER_ROOT="$ag" DTL_AUTOGRADER_SOURCE="$root" DTL_AUTOGRADER_USER="$user" \
+  DTL_GRADE_ARGS="--test-timeout 8 --max-world 2 --no-perf" \
+  bash "$root/grading/gradescope/run_autograder" >"$work/gradescope.log" 2>&1
+cp "$ag/results/results.json" "$work/gradescope.json" 2>/dev/null
+tail -n 12 "$work/gradescope.log"
+expect gradescope "score == max"
 
 echo "grader self-test: $fails failure(s)"
 [ "$fails" -eq 0 ]
