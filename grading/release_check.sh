@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The instructor CI's proof that a student release works: release labs 01-03 with lab 01's
+# solution published into a temporary directory, check what it holds and what it does not, then
+# build it from its own files and run its tests for lab 01: the published reference, the skeleton
+# check, the public-only rubric and `./lab grade` on the untouched skeleton.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+work=$(mktemp -d "${TMPDIR:-/tmp}/dtl-release-check-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+rel="$work/release"
+fail() { echo "release check FAILED: $*" >&2; exit 1; }
+
+"$root/lab" release "$rel" --labs 01-03 --publish-solutions 01
+# What a student must get, and what they must not.
+for f in lab .ci/run common/CMakeLists.txt harness/CMakeLists.txt grading/src/main.cpp \
+         labs/01_why_distributed/why_distributed.cpp labs/03_ring_allreduce/tests \
+         solutions/01_why_distributed/why_distributed.cpp grading/03_ring_allreduce/rubric.json \
+         notes/03-ring-allreduce.md; do
+  [ -e "$rel/$f" ] || fail "missing $f"
+done
+for f in solutions/02_data_parallel solutions/03_ring_allreduce labs/04_ddp notes/04-ddp.md \
+         grading/selftest grading/gradescope; do
+  [ ! -e "$rel/$f" ] || fail "must not contain $f"
+done
+if find "$rel/grading" -name '*_test.cpp' | grep -q .; then fail "contains hidden tests"; fi
+grep -q '"autograder_only_points"' "$rel/grading/03_ring_allreduce/rubric.json" ||
+  fail "lab 03's rubric was not reduced to its public part"
+grep -q '| 04 |.*not released yet' "$rel/labs/SYLLABUS.md" || fail "the syllabus lists lab 04 as available"
+[ -z "$(git -C "$rel" status --porcelain)" ] || fail "the release is not a clean git repository"
+
+# Build it as a student would, for lab 01 (the runtime comes from ccache: same relative paths).
+cd "$rel"
+DTL_CMAKE_ARGS="-DDTL_ONLY_LABS=01" ./lab build
+ctest --test-dir build --output-on-failure -L 'lab01' -LE student -j 2
+ctest --test-dir build --output-on-failure -R 'grading.validate'
+# ./lab grade on the untouched skeleton: 0 with "not implemented", and it says what is hidden.
+./lab grade 01 --json "$work/r.json" >"$work/grade.log" 2>&1 || true
+grep -q 'not implemented: lab 01' "$work/grade.log" || { cat "$work/grade.log"; fail "grade did not report the skeleton"; }
+grep -q 'graded by the course' "$work/grade.log" || { cat "$work/grade.log"; fail "grade did not say what the autograder adds"; }
+echo "release check: ok"
