@@ -1,8 +1,6 @@
 // The static audit of a submission: what its objects call and define, what its sources use.
 #include "audit.hpp"
 
-#include "run.hpp"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,14 +11,15 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "run.hpp"
+
 namespace dtl::grade {
 
 namespace {
 
 // What lab code may call. C++ names are matched on their qualified name (no return type or
 // parameters), C names as they are.
-const char* const kAllowCpp =
-    R"(^(std|__gnu_cxx|__cxxabiv1|at|c10|caffe2|torch|fmt|dtl)::.*)";
+const char* const kAllowCpp = R"(^(std|__gnu_cxx|__cxxabiv1|at|c10|caffe2|torch|fmt|dtl)::.*)";
 const char* const kAllowC =
     R"(^(operator (new|delete)(\[\])?\(.*|_Unwind_Resume|__gxx_personality_v0|__dso_handle|)"
     R"(_GLOBAL_OFFSET_TABLE_|__libc_single_threaded|__tls_get_addr|__stack_chk_fail|)"
@@ -90,7 +89,8 @@ std::string strip_comments_and_strings(const std::string& src) {
       while (i < src.size() && src[i] != '\n') ++i;
     } else if (c == '/' && i + 1 < src.size() && src[i + 1] == '*') {
       size_t end = src.find("*/", i + 2);
-      for (size_t k = i; k < std::min(end == std::string::npos ? src.size() : end + 2, src.size()); ++k)
+      for (size_t k = i; k < std::min(end == std::string::npos ? src.size() : end + 2, src.size());
+           ++k)
         if (src[k] == '\n') out += '\n';
       i = end == std::string::npos ? src.size() : end + 2;
     } else if (c == 'R' && i + 1 < src.size() && src[i + 1] == '"') {  // raw string R"d(...)d"
@@ -119,9 +119,10 @@ std::string strip_comments_and_strings(const std::string& src) {
 std::string qualified_name(const std::string& demangled) {
   std::string s = demangled;
   for (const char* prefix :
-       {"typeinfo name for ", "typeinfo for ", "vtable for ", "VTT for ", "construction vtable for ",
-        "guard variable for ", "non-virtual thunk to ", "virtual thunk to ",
-        "covariant return thunk to ", "TLS init function for ", "TLS wrapper function for "})
+       {"typeinfo name for ", "typeinfo for ", "vtable for ", "VTT for ",
+        "construction vtable for ", "guard variable for ", "non-virtual thunk to ",
+        "virtual thunk to ", "covariant return thunk to ", "TLS init function for ",
+        "TLS wrapper function for "})
     if (starts_with(s, prefix)) s = s.substr(std::string(prefix).size());
   if (starts_with(s, "reference temporary #")) s = s.substr(s.find(" for ") + 5);
   if (starts_with(s, "operator ")) return s;
@@ -139,8 +140,10 @@ std::string qualified_name(const std::string& demangled) {
   size_t end = s.size(), last_space = std::string::npos;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
-    if (c == '<') ++depth;
-    else if (c == '>') --depth;
+    if (c == '<')
+      ++depth;
+    else if (c == '>')
+      --depth;
     else if (depth == 0 && c == '(') {
       end = i;
       break;
@@ -153,7 +156,8 @@ std::string qualified_name(const std::string& demangled) {
   return head;
 }
 
-std::vector<std::string> audit_objects(const std::vector<std::string>& objects, const AuditPolicy& p) {
+std::vector<std::string> audit_objects(const std::vector<std::string>& objects,
+                                       const AuditPolicy& p) {
   std::vector<std::regex> allow = {compile(kAllowCpp)}, allow_c = {compile(kAllowC)};
   std::vector<std::regex> deny = {compile(kDenyDefault)};
   for (auto& a : p.allow) allow.push_back(compile(a));
@@ -182,8 +186,10 @@ std::vector<std::string> audit_objects(const std::vector<std::string>& objects, 
       if (weak && any_match(allow, q) && !any_match(deny, q)) continue;
       if (weak && starts_with(name, "guard variable for ")) continue;
       if (weak && starts_with(name, "DW.ref.") && any_match(allow_c, name.substr(7))) continue;
-      problems.insert(fmt::format("defines {} outside namespace dtl::lab{} (keep helpers in the "
-                                  "lab's namespace or an anonymous one)", q, p.lab));
+      problems.insert(
+          fmt::format("defines {} outside namespace dtl::lab{} (keep helpers in the "
+                      "lab's namespace or an anonymous one)",
+                      q, p.lab));
     }
     // A weak definition still wins over a shared library's own at run time (the executable comes
     // first in symbol lookup): an `inline` redefinition of, say, dtl::Comm::all_reduce would
@@ -212,7 +218,8 @@ std::vector<std::string> audit_objects(const std::vector<std::string>& objects, 
   return {problems.begin(), problems.end()};
 }
 
-std::vector<std::string> audit_sources(const std::vector<std::string>& files, const AuditPolicy& p) {
+std::vector<std::string> audit_sources(const std::vector<std::string>& files,
+                                       const AuditPolicy& p) {
   static const std::regex include_line(R"(^\s*#\s*include\s*(.*)$)");
   static const std::regex system_include(R"(^<([^>]+)>)"), local_include(R"re(^"([^"]+)")re");
   static const std::vector<std::pair<std::regex, std::string>> banned = {
@@ -221,7 +228,8 @@ std::vector<std::string> audit_sources(const std::vector<std::string>& files, co
       {std::regex(R"(^\s*#\s*pragma\b|\b_Pragma\b)"), "#pragma"},
       {std::regex(R"(##)"), "token pasting (##)"},
       {std::regex(R"re(\bextern\s*"")re"), "extern \"C\""},
-      {std::regex(R"(__has_include|^\s*#\s*(embed|include_next|import)\b)"), "#embed/#include_next"},
+      {std::regex(R"(__has_include|^\s*#\s*(embed|include_next|import)\b)"),
+       "#embed/#include_next"},
   };
   // Code goes into namespace dtl (the lab's namespace, nested ones, anonymous ones), never into
   // someone else's: that is how a definition would replace a library's.
@@ -252,13 +260,16 @@ std::vector<std::string> audit_sources(const std::vector<std::string>& files, co
       }
       if (path.find("..") != std::string::npos || starts_with(path, "/")) ok = false;
       if (!ok)
-        problems.insert(fmt::format("{}:{}: includes {} (allowed: system headers, dtl/..., the "
-                                    "lab's headers)", base, n, arg));
+        problems.insert(
+            fmt::format("{}:{}: includes {} (allowed: system headers, dtl/..., the "
+                        "lab's headers)",
+                        base, n, arg));
     }
     std::istringstream code(strip_comments_and_strings(ss.str()));
     for (int n = 1; std::getline(code, line); ++n) {
       for (auto& [re, what] : banned)
-        if (std::regex_search(line, re)) problems.insert(fmt::format("{}:{}: uses {}", base, n, what));
+        if (std::regex_search(line, re))
+          problems.insert(fmt::format("{}:{}: uses {}", base, n, what));
     }
     // Track nesting: "namespace detail {" inside dtl::lab03 is dtl::lab03::detail.
     const std::string stripped = strip_comments_and_strings(ss.str());
@@ -283,7 +294,8 @@ std::vector<std::string> audit_sources(const std::vector<std::string>& files, co
       const std::string name = (*it)[1].str();
       const std::string path = enclosing.empty() ? name : enclosing + "::" + name;
       stack.push_back(path);
-      const int n = 1 + static_cast<int>(std::count(stripped.begin(), stripped.begin() + it->position(), '\n'));
+      const int n = 1 + static_cast<int>(
+                            std::count(stripped.begin(), stripped.begin() + it->position(), '\n'));
       if (path != "dtl" && !starts_with(path, "dtl::"))
         problems.insert(fmt::format("{}:{}: opens namespace {} (lab code lives in dtl::lab{})",
                                     base, n, path, p.lab));

@@ -21,21 +21,23 @@
 namespace dtl::grade {
 
 struct AuditPolicy {
-  std::string lab;                 // "03": student definitions must be in dtl::lab03
-  std::vector<std::string> allow;  // extra allowed patterns (ECMAScript regex, on the name)
-  std::vector<std::string> deny;   // extra denied patterns (e.g. the collectives lab 03 builds)
-  std::vector<std::string> headers;  // the lab's own headers students may include
+  std::string lab;                     // "03": student definitions must be in dtl::lab03
+  std::vector<std::string> allow;      // extra allowed patterns (ECMAScript regex, on the name)
+  std::vector<std::string> deny;       // extra denied patterns (e.g. the collectives lab 03 builds)
+  std::vector<std::string> headers;    // the lab's own headers students may include
   std::vector<std::string> libraries;  // shared libraries the tests link (weak definitions may
                                        // not replace theirs); empty: skip that check
 };
 
 // Problems found in the student's object files (empty: clean). Runs `nm`.
-std::vector<std::string> audit_objects(const std::vector<std::string>& objects, const AuditPolicy& p);
+std::vector<std::string> audit_objects(const std::vector<std::string>& objects,
+                                       const AuditPolicy& p);
 
 // Problems found in the student's source files (empty: clean).
 std::vector<std::string> audit_sources(const std::vector<std::string>& files, const AuditPolicy& p);
 
-// "bool at::Tensor::item<bool>() const" -> "at::Tensor::item<bool>"; "vtable for std::X" -> "std::X".
+// "bool at::Tensor::item<bool>() const" -> "at::Tensor::item<bool>"; "vtable for std::X" ->
+// "std::X".
 std::string qualified_name(const std::string& demangled);
 
 }  // namespace dtl::grade
