@@ -249,9 +249,13 @@ class Grader {
     for (auto it = fs::recursive_directory_iterator(fs::path(opt_.build) / "labs", ec);
          it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (ec) break;
+      // The student's own files only: a lab's given frame (FRAME sources) is compiled into
+      // the same library but is the course's code, not the submission's.
       const std::string p = it->path().string();
-      if (p.find("/" + objdir + "/") != std::string::npos && it->path().extension() == ".o")
-        objects.push_back(p);
+      const std::string base = it->path().filename().string();
+      const bool student_file = std::any_of(r.student_files.begin(), r.student_files.end(),
+                                            [&](const std::string& f) { return base == f + ".o"; });
+      if (p.find("/" + objdir + "/") != std::string::npos && student_file) objects.push_back(p);
     }
     // The shared libraries the tests load, from the reference's binary (never run student code
     // to learn something about it).
