@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dtl/error.hpp"
 
@@ -89,18 +90,27 @@ void expect_error_mentions(Fn&& fn, const std::string& needle) {
 // Runs `fn` as the single-process ground truth: torch's global RNG is seeded with `seed` for
 // the call and restored afterwards, and no communication may happen inside. Every rank
 // computes the same reference locally, so no rank has to ship it to the others.
+// torch::manual_seed seeds the CUDA generators too, so those are saved and restored as well
+// (on a CPU-only LibTorch there are none).
 template <typename Fn>
 auto serial(uint64_t seed, Fn&& fn) {
-  auto saved = at::detail::getDefaultCPUGenerator().clone();
-  torch::manual_seed(seed);
   struct Restore {
-    at::Generator g;
-    ~Restore() {
-      auto def = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(def.mutex());
-      def.set_state(g.get_state());
+    std::vector<std::pair<at::Generator, at::Generator>> saved;  // (generator, its state)
+    Restore() {
+      keep(at::detail::getDefaultCPUGenerator());
+      for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i)
+        keep(at::globalContext().defaultGenerator(
+            c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(i))));
     }
-  } restore{saved};
+    void keep(const at::Generator& g) { saved.emplace_back(g, g.clone()); }
+    ~Restore() {
+      for (auto& [g, state] : saved) {
+        std::lock_guard<std::mutex> lock(g.mutex());
+        g.set_state(state.get_state());
+      }
+    }
+  } restore;
+  torch::manual_seed(seed);
   return fn();
 }
 
