@@ -2,6 +2,7 @@
 #
 #   dtl_add_lab(NUMBER 02 SLUG data_parallel
 #               SOURCES data_parallel.cpp          # student-edited files; same names in solutions/
+#               [FRAME stage.cpp]                   # given sources (labs/NN_slug), in both sides
 #               TESTS tests/data_parallel_test.cpp # public tests (labs/NN_slug/tests)
 #               [GRADING_TESTS ...]                 # default: grading/NN_slug/*_test.cpp
 #               [BENCH bench.cpp] [MAIN main.cpp]
@@ -23,7 +24,7 @@
 # skeleton check is what the release's CI runs.
 function(dtl_add_lab)
   cmake_parse_arguments(L "" "NUMBER;SLUG;BENCH;MAIN;TIMEOUT;DEMO_RANKS"
-                        "SOURCES;TESTS;GRADING_TESTS;WORLD_SIZES;DEPENDS" ${ARGN})
+                        "SOURCES;FRAME;TESTS;GRADING_TESTS;WORLD_SIZES;DEPENDS" ${ARGN})
   set(lab lab${L_NUMBER})
   set(name ${L_NUMBER}_${L_SLUG})
   set(lab_dir ${PROJECT_SOURCE_DIR}/labs/${name})
@@ -60,6 +61,10 @@ function(dtl_add_lab)
     set(srcs)
     foreach(s IN LISTS L_SOURCES)
       list(APPEND srcs ${dir}/${s})
+    endforeach()
+    # The lab's given code (the frame): one copy, in labs/, compiled into both sides.
+    foreach(s IN LISTS L_FRAME)
+      list(APPEND srcs ${lab_dir}/${s})
     endforeach()
     add_library(dtl_${lab}_${side} STATIC ${srcs})
     target_include_directories(dtl_${lab}_${side} PUBLIC ${lab_dir})
