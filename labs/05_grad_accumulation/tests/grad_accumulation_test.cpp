@@ -1,0 +1,303 @@
+// Public tests of lab 05. Run: ./lab test 05   (world sizes 1, 2, 3 and 4)
+//
+// Oracles: closed-form numbers (global batch, scaled and scheduled learning rates, loss
+// scales), serial training on the whole global batch (dtl::train_step, same seed, same lr per
+// step), agreement across ranks, and the DDP Comm's own counts (Comm::stats()).
+#include "grad_accumulation.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dtl/split.hpp"  // defines: split_range
+#include "tests/grad_accumulation_test_util.hpp"
+
+namespace {
+
+using namespace lab05_test;  // NOLINT: helpers shared with the grading tests
+using dtl::lab05::global_batch;
+using dtl::lab05::linear_scaled_lr;
+using dtl::lab05::micro_batch_loss_scale;
+using dtl::lab05::scheduled_lr;
+using dtl::lab05::sqrt_scaled_lr;
+using dtl::testing::expect_error_mentions;
+
+// ---------------------------------------------------------------- Task 1: global_batch
+
+TEST(GlobalBatch, IsWorldTimesMicroTimesAccum) {
+  // The three settings of the demo: 16 sequences per optimizer step each.
+  EXPECT_EQ(global_batch(1, 16, 1), 16);
+  EXPECT_EQ(global_batch(2, 4, 2), 16);
+  EXPECT_EQ(global_batch(4, 2, 2), 16);
+  // Llama 2's 4M tokens (1024 sequences of 4096) on 1024 GPUs with tensor parallelism 8:
+  // 128 data-parallel ranks x micro 1 x accum 8.
+  EXPECT_EQ(global_batch(128, 1, 8), 1024);
+  EXPECT_EQ(global_batch(3, 5, 7), 105);
+}
+
+TEST(GlobalBatch, RejectsNonPositiveValues) {
+  expect_error_mentions([] { global_batch(0, 2, 2); }, "world=0");
+  expect_error_mentions([] { global_batch(4, -1, 2); }, "micro=-1");
+  expect_error_mentions([] { global_batch(4, 2, 0); }, "accum=0");
+}
+
+// ---------------------------------------------------------------- Task 2: scaling rules
+
+TEST(ScaledLr, LinearRuleOfGoyalEtAl) {
+  // Goyal et al. 2017: lr 0.1 per 256 images, so 3.2 at 8192.
+  EXPECT_NEAR(linear_scaled_lr(0.1, 256, 8192), 3.2, 1e-12);
+  EXPECT_NEAR(linear_scaled_lr(3e-4, 16, 1024), 0.0192, 1e-15);
+  EXPECT_NEAR(linear_scaled_lr(1e-3, 64, 16), 2.5e-4, 1e-15) << "it scales down too";
+  EXPECT_EQ(linear_scaled_lr(1e-3, 48, 48), 1e-3);
+}
+
+TEST(ScaledLr, SquareRootRule) {
+  EXPECT_NEAR(sqrt_scaled_lr(3e-4, 16, 1024), 2.4e-3, 1e-15) << "64 x the batch: 8 x the lr";
+  EXPECT_NEAR(sqrt_scaled_lr(1e-3, 100, 25), 5e-4, 1e-15);
+  EXPECT_NEAR(sqrt_scaled_lr(1e-3, 1, 2), 1e-3 * std::sqrt(2.0), 1e-15);
+  EXPECT_EQ(sqrt_scaled_lr(2e-3, 7, 7), 2e-3);
+}
+
+TEST(ScaledLr, RejectsBadArguments) {
+  for (auto fn : {&linear_scaled_lr, &sqrt_scaled_lr}) {
+    expect_error_mentions([&] { fn(0.0, 16, 32); }, "base_lr=0");
+    expect_error_mentions([&] { fn(1e-3, -4, 32); }, "base_batch=-4");
+    expect_error_mentions([&] { fn(1e-3, 16, 0); }, "batch=0");
+  }
+}
+
+// ---------------------------------------------------------------- Task 3: the schedule
+
+TEST(ScheduledLr, WarmupThenCosineFromTheScaledPeak) {
+  LrSchedule s;
+  s.base_lr = 1e-3;
+  s.base_batch = 16;
+  s.scaling = LrScaling::Linear;
+  s.warmup_steps = 4;
+  s.total_steps = 14;
+  s.min_lr_ratio = 0.1;
+  // Batch 64 = 4 x 16: peak 4e-3. Warm-up: (s + 1) / 4 of it.
+  EXPECT_NEAR(scheduled_lr(s, 64, 0), 1e-3, 1e-15);
+  EXPECT_NEAR(scheduled_lr(s, 64, 1), 2e-3, 1e-15);
+  EXPECT_NEAR(scheduled_lr(s, 64, 3), 4e-3, 1e-15);
+  // Cosine over the 10 steps 4..13: step 4 the peak, step 13 the floor 4e-4; step 7 is
+  // progress 3/9 = 1/3 of the way: 4e-4 + 0.5 x 3.6e-3 x (1 + cos(pi/3)) = 4e-4 + 2.7e-3.
+  EXPECT_NEAR(scheduled_lr(s, 64, 4), 4e-3, 1e-15);
+  EXPECT_NEAR(scheduled_lr(s, 64, 7), 3.1e-3, 1e-15);
+  EXPECT_NEAR(scheduled_lr(s, 64, 13), 4e-4, 1e-15);
+  EXPECT_NEAR(scheduled_lr(s, 64, 20), 4e-4, 1e-15) << "past the end it stays at the floor";
+  // The other rules, same shape.
+  s.scaling = LrScaling::Sqrt;
+  EXPECT_NEAR(scheduled_lr(s, 64, 3), 2e-3, 1e-15) << "sqrt(4) x 1e-3";
+  s.scaling = LrScaling::None;
+  EXPECT_NEAR(scheduled_lr(s, 64, 3), 1e-3, 1e-15);
+  EXPECT_NEAR(scheduled_lr(s, 64, 13), 1e-4, 1e-15);
+}
+
+TEST(ScheduledLr, RejectsBadArguments) {
+  const LrSchedule ok = short_schedule();
+  expect_error_mentions([&] { scheduled_lr(ok, 16, -1); }, "step=-1");
+  LrSchedule s = ok;
+  s.total_steps = 0;
+  expect_error_mentions([&] { scheduled_lr(s, 16, 0); }, "total_steps=0");
+  s = ok;
+  s.warmup_steps = -2;
+  expect_error_mentions([&] { scheduled_lr(s, 16, 0); }, "warmup_steps=-2");
+  s = ok;
+  s.base_batch = 0;
+  expect_error_mentions([&] { scheduled_lr(s, 16, 0); }, "base_batch=0");
+  expect_error_mentions([&] { scheduled_lr(ok, 0, 0); }, "batch=0");
+}
+
+// ---------------------------------------------------------------- Task 4: the loss scale
+
+TEST(LossScale, EachMicroBatchCountsByItsShareOfTheGlobalBatch) {
+  // One rank, 5 rows in micro-batches of 3 and 2: 3/5 and 2/5 (NOT 1/2 and 1/2).
+  EXPECT_NEAR(micro_batch_loss_scale(3, 5, 1), 0.6, 1e-15);
+  EXPECT_NEAR(micro_batch_loss_scale(2, 5, 1), 0.4, 1e-15);
+  // DDP divides by the world size: the scale has to undo it.
+  EXPECT_NEAR(micro_batch_loss_scale(2, 16, 4), 0.5, 1e-15);
+  EXPECT_NEAR(micro_batch_loss_scale(3, 16, 3), 0.5625, 1e-15);
+  EXPECT_EQ(micro_batch_loss_scale(0, 16, 3), 0.0);
+  // Over every micro-batch of every rank the scales add up to the world size (DDP divides the
+  // sum by it), for any split: 16 rows on 3 ranks (6, 5, 5) in 4 micro-batches each.
+  for (int64_t world : {1, 2, 3, 4}) {
+    double total = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t local = dtl::split_range(16, world, r).size();
+      for (int64_t k = 0; k < 4; ++k)
+        total += micro_batch_loss_scale(dtl::split_range(local, 4, k).size(), 16, world);
+    }
+    EXPECT_NEAR(total, static_cast<double>(world), 1e-12) << "world " << world;
+  }
+}
+
+TEST(LossScale, RejectsBadArguments) {
+  expect_error_mentions([] { micro_batch_loss_scale(2, 16, 0); }, "world=0");
+  expect_error_mentions([] { micro_batch_loss_scale(2, 0, 2); }, "global_rows=0");
+  expect_error_mentions([] { micro_batch_loss_scale(17, 16, 2); }, "micro_rows=17");
+  expect_error_mentions([] { micro_batch_loss_scale(-1, 16, 2); }, "micro_rows=-1");
+}
+
+// ---------------------------------------------------------------- Tasks 5-6: the trainer
+
+// The lecture's claim: the same global batch gives the same training whatever world x micro
+// x accum produce it. Global batch 16 at this world size with accum 1, 2 and 4 (at world 3 the
+// 16 rows split 6, 5, 5 and the micro-batches are uneven), AdamW with weight decay, a linearly
+// scaled lr with warm-up and decay: 3 steps equal 3 serial steps, and so does every loss.
+TEST(Trainer, MatchesSerialTrainingForAnyMicroAndAccum) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  const int64_t rows = 16;
+  const int steps = 3;
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 50);
+  dtl::data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+  const LrSchedule schedule = short_schedule();
+  std::vector<double> serial_losses;
+  const torch::Tensor expected =
+      serial_params(cfg, sampler, steps, schedule, adamw(), &serial_losses);
+
+  for (int64_t accum : {1, 2, 4}) {
+    AccumulationOptions o;
+    o.accum_steps = accum;
+    o.schedule = schedule;
+    const TrainedRun run = run_trainer(*comm, cfg, sampler, steps, o, adamw());
+    const std::string where = describe(*comm, rows, accum);
+    DTL_EXPECT_CLOSE(run.params.cpu(), expected.cpu(), 1e-4, 2e-5) << where;
+    DTL_EXPECT_SAME_ON_ALL_RANKS(run.params) << where << ": the replicas drifted apart";
+    EXPECT_EQ(run.optimizer_steps, steps) << where;
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_NEAR(run.global_losses[s], serial_losses[s], 1e-5)
+          << where << ", step " << s << ": the row-weighted mean loss over the global batch";
+      const StepStats& st = run.stats[s];
+      EXPECT_EQ(st.local_rows, dtl::split_range(rows, comm->size(), comm->rank()).size()) << where;
+      ASSERT_EQ(st.micro_rows.size(), static_cast<size_t>(accum)) << where;
+      for (int64_t k = 0; k < accum; ++k)
+        EXPECT_EQ(st.micro_rows[k], dtl::split_range(st.local_rows, accum, k).size())
+            << where << ": micro-batch " << k;
+    }
+  }
+}
+
+// Micro-batches of different sizes, within a rank and across ranks: 4n + 1 rows in 3
+// micro-batches per rank (1 rank: 2, 2, 1; 2 ranks: 5 rows = 2, 2, 1 and 4 rows = 2, 1, 1; ...).
+// Plain SGD, so the update is the gradient itself: weighting each micro-batch by 1/accum, or
+// each rank's rows by 1/world, moves the parameters elsewhere.
+TEST(Trainer, UnevenMicroBatchesAreWeightedByTheirRows) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  const int64_t rows = 4 * comm->size() + 1;
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 51);
+  dtl::data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+  LrSchedule constant;
+  constant.base_lr = 0.5;
+  constant.base_batch = rows;
+  constant.scaling = LrScaling::None;
+  constant.total_steps = 2;
+  constant.min_lr_ratio = 1.0;
+  const torch::Tensor expected = serial_params(cfg, sampler, 2, constant, sgd());
+  AccumulationOptions o;
+  o.accum_steps = 3;
+  o.schedule = constant;
+  const TrainedRun run = run_trainer(*comm, cfg, sampler, 2, o, sgd());
+  DTL_EXPECT_CLOSE(run.params.cpu(), expected.cpu(), 1e-4, 1e-6)
+      << describe(*comm, rows, 3) << " (micro-batches of 2 and 1 rows)";
+  DTL_EXPECT_SAME_ON_ALL_RANKS(run.params);
+}
+
+// The schedule moves once per optimizer step: with 4 micro-batches per step, step s still
+// trains with the lr of step s.
+TEST(Trainer, LrAdvancesOncePerOptimizerStep) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  const int64_t rows = 16;
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 52);
+  dtl::data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+  AccumulationOptions o;
+  o.accum_steps = 4;
+  o.schedule = short_schedule();
+
+  GPT model(cfg);
+  model->to(device());
+  DistributedDataParallel ddp(model.ptr(), *comm, small_buckets());
+  auto opt = adamw()(model);
+  AccumulationTrainer trainer(model, ddp, *opt, o);
+  EXPECT_EQ(trainer.optimizer_steps(), 0);
+  for (int s = 0; s < 4; ++s) {
+    const StepStats st = trainer.step(sampler.global_batch_at(s).to(device()));
+    const double lr = expected_lr(o.schedule, rows, s);
+    EXPECT_EQ(st.step, s);
+    EXPECT_NEAR(st.lr, lr, 1e-15) << "step " << s << " (the global batch is " << rows
+                                  << ", base_batch " << o.schedule.base_batch << ")";
+    EXPECT_EQ(trainer.optimizer_steps(), s + 1) << "one optimizer step, whatever accum is";
+    for (const auto& group : opt->param_groups())
+      EXPECT_NEAR(group.options().get_lr(), lr, 1e-15) << "the optimizer stepped with it";
+  }
+}
+
+// Communication: with no_sync, one all-reduce per bucket per optimizer step, the same bytes
+// as accum 1; without no_sync, accum x as many, and the same parameters.
+TEST(Trainer, AllReducesOncePerOptimizerStep) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  const int64_t rows = 16;
+  const int steps = 2;
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 53);
+  dtl::data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+  AccumulationOptions o;
+  o.schedule = short_schedule();
+
+  o.accum_steps = 1;
+  const TrainedRun one = run_trainer(*comm, cfg, sampler, steps, o, adamw());
+  o.accum_steps = 4;
+  const TrainedRun four = run_trainer(*comm, cfg, sampler, steps, o, adamw());
+  o.no_sync = false;
+  const TrainedRun chatty = run_trainer(*comm, cfg, sampler, steps, o, adamw());
+
+  ASSERT_GE(one.buckets, 3) << "the test wants several buckets";
+  EXPECT_EQ(one.all_reduces, steps * one.buckets) << "accum 1: one all-reduce per bucket";
+  EXPECT_EQ(four.all_reduces, one.all_reduces)
+      << "accum 4 with no_sync: the micro-batches before the last must not communicate";
+  EXPECT_EQ(four.all_reduce_bytes, one.all_reduce_bytes);
+  EXPECT_EQ(chatty.all_reduces, 4 * one.all_reduces)
+      << "no_sync = false: every backward all-reduces";
+  DTL_EXPECT_CLOSE(chatty.params.cpu(), four.params.cpu(), 1e-4, 2e-5)
+      << "no_sync saves traffic, it does not change the math";
+}
+
+TEST(Trainer, RejectsBadInputOnEveryRankBeforeCommunicating) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  GPT model(cfg), other(cfg);
+  model->to(device());
+  other->to(device());
+  DistributedDataParallel ddp(model.ptr(), *comm, small_buckets());
+  auto opt = adamw()(model);
+  AccumulationOptions o;
+  o.schedule = short_schedule();
+
+  o.accum_steps = 0;
+  expect_error_mentions([&] { AccumulationTrainer t(model, ddp, *opt, o); }, "accum_steps=0");
+  o.accum_steps = 2;
+  expect_error_mentions([&] { AccumulationTrainer t(other, ddp, *opt, o); }, "ddp");
+
+  AccumulationTrainer trainer(model, ddp, *opt, o);
+  const torch::Tensor before = dtl::testing::flat_params(*model);
+  comm->reset_stats();
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 54);
+  // 2 x world - 1 rows cannot fill 2 micro-batches on every rank.
+  const torch::Tensor too_small =
+      dtl::data::GlobalBatchSampler(corpus, 2 * comm->size() - 1, cfg.seq_len)
+          .global_batch_at(0)
+          .to(device());
+  expect_error_mentions([&] { trainer.step(too_small); }, "empty micro-batch");
+  expect_error_mentions([&] { trainer.step(too_small.flatten()); }, "global_batch");
+  EXPECT_EQ(comm->stats().total_count(), 0) << "a rejected step sends nothing";
+  EXPECT_EQ(trainer.optimizer_steps(), 0) << "and is not counted";
+  DTL_EXPECT_EQUAL(dtl::testing::flat_params(*model), before);
+}
+
+}  // namespace
