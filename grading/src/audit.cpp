@@ -265,14 +265,14 @@ std::vector<std::string> audit_sources(const std::vector<std::string>& files,
                         "lab's headers)",
                         base, n, arg));
     }
-    std::istringstream code(strip_comments_and_strings(ss.str()));
+    const std::string stripped = strip_comments_and_strings(ss.str());
+    std::istringstream code(stripped);
     for (int n = 1; std::getline(code, line); ++n) {
       for (auto& [re, what] : banned)
         if (std::regex_search(line, re))
           problems.insert(fmt::format("{}:{}: uses {}", base, n, what));
     }
     // Track nesting: "namespace detail {" inside dtl::lab03 is dtl::lab03::detail.
-    const std::string stripped = strip_comments_and_strings(ss.str());
     std::vector<std::string> stack;  // one entry per open brace: a namespace path or ""
     for (std::sregex_iterator it(stripped.begin(), stripped.end(), namespace_or_brace), end;
          it != end; ++it) {
