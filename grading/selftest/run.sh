@@ -12,16 +12,18 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/dtl-grader-selftest-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 bash "$root/grading/selftest/make_submissions.sh" "$work/subs"
 fails=0
+failed=()
 export DTL_SCRATCH="$work/scratch"
 
 # check VARIANT PERF? JQ-LIKE-CHECKS... : grade one submission and check results.json with
 # the grader's own JSON reader (dtl-grade --check), so no jq or python is needed.
 grade() {  # grade VARIANT [lab grade options]
-  local v=$1; shift
+  local v=$1 start=$SECONDS; shift
   echo "==== $v"
   "$root/lab" grade --submission "$work/subs/$v" --json "$work/$v.json" --test-timeout 8 \
     --max-world 3 --only-groups "ring all-reduce" "$@" >"$work/$v.log" 2>&1
   tail -n 12 "$work/$v.log"
+  echo "($v graded in $((SECONDS - start)) s)"
 }
 expect() {  # expect VARIANT CONDITION MESSAGE: CONDITION is evaluated by dtl-grade --check
   local v=$1 cond=$2
@@ -29,12 +31,15 @@ expect() {  # expect VARIANT CONDITION MESSAGE: CONDITION is evaluated by dtl-gr
     echo "ok   $v: $cond"
   else
     echo "FAIL $v: $cond"; tail -n 40 "$work/$v.log"; fails=$((fails + 1))
+    failed+=("$v: $cond")
   fi
 }
 
-grade correct
+grade correct --perf-rounds 2
 expect correct "score == max"
-grade slow
+# One interleaved round each for the clear-cut performance cases (0.3x, a wrong result); the
+# honest submission gets two, so noise cannot push it under the 0.8 threshold.
+grade slow --perf-rounds 1
 expect slow "correctness == correctness_max"
 expect slow "performance == 0"
 expect slow "reason contains 'x the reference'"
@@ -78,7 +83,7 @@ audited interpose "replaces dtl::Comm::all_reduce"
 audited daemon "calls fork"
 audited leak "../../grading/03_ring_allreduce"
 # ...and these by what the grader measures.
-grade benchcheat
+grade benchcheat --perf-rounds 1
 expect benchcheat "correctness == correctness_max"
 expect benchcheat "performance == 0"
 expect benchcheat "output contains 'wrong result'"
@@ -109,5 +114,6 @@ tail -n 12 "$work/gradescope.log"
 expect gradescope "correctness == correctness_max"
 expect gradescope "correctness > 0"
 
-echo "grader self-test: $fails failure(s)"
+echo "grader self-test: $fails failure(s) in $SECONDS s"
+for f in "${failed[@]}"; do echo "  FAILED $f"; done
 [ "$fails" -eq 0 ]

@@ -596,7 +596,9 @@ json to_gradescope(const std::vector<LabResult>& labs, const Options& opt, doubl
     for (auto& run : lab.runs) {
       json t = {{"name", fmt::format("lab {} | {} (n={})", r.lab, run.group->name, run.world)},
                 {"number", fmt::format("{}.{}", r.lab, ++k)},
-                {"score", std::round(run.score * 100) / 100},
+                // Unrounded, like max_score: a group's points split over world sizes are not
+                // round (10 / 3), and full marks must add up to exactly the maximum.
+                {"score", run.score},
                 {"max_score", run.max_score},
                 {"status", status_of(run.score, run.max_score)},
                 {"visibility", run.group->visibility},
