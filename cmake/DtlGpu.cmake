@@ -105,6 +105,10 @@ function(_dtl_gpu_finish)
     set_property(SOURCE ${PROJECT_SOURCE_DIR}/common/src/comm_nccl.cpp TARGET_DIRECTORY dtl_common
                  APPEND PROPERTY COMPILE_DEFINITIONS DTL_TORCH_HAS_CUDA=1)
   endif()
+  if(DTL_TORCH_HAS_CUDA)  # the memory tracker reads the CUDA caching allocator's statistics
+    set_property(SOURCE ${PROJECT_SOURCE_DIR}/common/src/memory.cpp TARGET_DIRECTORY dtl_common
+                 APPEND PROPERTY COMPILE_DEFINITIONS DTL_TORCH_HAS_CUDA=1)
+  endif()
   include(${PROJECT_SOURCE_DIR}/common/tests_gpu/gpu_targets.cmake)
 endfunction()
 cmake_language(DEFER CALL _dtl_gpu_finish)

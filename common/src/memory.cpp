@@ -23,6 +23,13 @@
 
 #include "dtl/error.hpp"
 
+// DTL_TORCH_HAS_CUDA=1 only with a CUDA LibTorch (cmake/DtlGpu.cmake): the CUDA caching
+// allocator's statistics for the device overloads.
+#if DTL_TORCH_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 // LibTorch 2.3 changed c10::Allocator in two ways a custom allocator must follow:
 //  - allocate() lost its `const` (pytorch/pytorch#120969, merged 2024-03: allocators have
 //    state, so allocating is not a const operation);
@@ -219,6 +226,63 @@ void reset_peak() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.peak = s.current;
+}
+
+namespace {
+
+#if DTL_TORCH_HAS_CUDA
+// allocated_bytes is indexed by StatType; AGGREGATE (all pools) is 0 in every LibTorch since
+// 1.8, whichever namespace the enum lives in (it moved to c10::CachingDeviceAllocator in 2.6).
+constexpr size_t kAggregate = 0;
+
+auto cuda_allocated(const c10::Device& device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[kAggregate];
+}
+#endif
+
+// The device overloads accept the CPU and, with a CUDA LibTorch, a CUDA device with an index.
+void check_measurable(const c10::Device& device) {
+  if (device.is_cpu()) return;
+  DTL_CHECK(device.is_cuda(), fmt::format("memory: cannot measure device {}: only cpu and cuda",
+                                          device.str()));
+#if DTL_TORCH_HAS_CUDA
+  DTL_CHECK(device.has_index(),
+            fmt::format("memory: measure a CUDA device with an index (cuda:0), got {}", device.str()));
+  // The allocator keeps one statistics block per visible GPU: never index past them.
+  const int visible = static_cast<int>(c10::cuda::device_count());
+  DTL_CHECK(device.index() < visible,
+            fmt::format("memory: cannot measure {}: {} GPU(s) visible", device.str(), visible));
+#else
+  throw Error(fmt::format("memory: cannot measure {}: this LibTorch was built without CUDA",
+                          device.str()));
+#endif
+}
+
+}  // namespace
+
+size_t current_bytes(const c10::Device& device) {
+  check_measurable(device);
+#if DTL_TORCH_HAS_CUDA
+  if (device.is_cuda()) return static_cast<size_t>(cuda_allocated(device).current);
+#endif
+  return current_bytes();
+}
+
+size_t peak_bytes(const c10::Device& device) {
+  check_measurable(device);
+#if DTL_TORCH_HAS_CUDA
+  if (device.is_cuda()) return static_cast<size_t>(cuda_allocated(device).peak);
+#endif
+  return peak_bytes();
+}
+
+void reset_peak(const c10::Device& device) {
+  check_measurable(device);
+#if DTL_TORCH_HAS_CUDA
+  // Resets every peak statistic of that GPU (there is no per-statistic reset).
+  if (device.is_cuda()) return c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+  reset_peak();
 }
 
 void set_limit(size_t bytes) {

@@ -199,6 +199,35 @@ TEST(Memory, CountsAllocationsFromOtherThreadsExactly) {
   EXPECT_EQ(current_bytes(), before);
 }
 
+// The device overloads: the CPU is the tracker itself; a GPU reads the CUDA caching allocator
+// (checked where a GPU exists); without one, measuring a GPU is an error, never a crash.
+TEST(Memory, DeviceOverloadsMeasureTheCpuAndCudaOrSayWhyNot) {
+  install();
+  const c10::Device cpu(c10::kCPU);
+  const size_t before = current_bytes(cpu);
+  torch::Tensor t = tensor_of_bytes(kMiB);
+  EXPECT_GE(current_bytes(cpu), before + kMiB);
+  reset_peak(cpu);  // the tracker's peak drops to its current bytes
+  EXPECT_LT(peak_bytes(), before + 2 * kMiB);
+  t.reset();
+  EXPECT_LT(current_bytes(cpu), before + kMiB);
+
+  const c10::Device gpu(c10::kCUDA, 0);
+  if (!torch::cuda::is_available()) {
+    EXPECT_THROW(current_bytes(gpu), dtl::Error);
+    return;
+  }
+  torch::Tensor warm = torch::empty({1}, torch::TensorOptions().device(gpu));  // CUDA initialised
+  const size_t gpu_before = current_bytes(gpu);
+  reset_peak(gpu);
+  torch::Tensor g = torch::empty({static_cast<int64_t>(kMiB / sizeof(float))},
+                                 torch::TensorOptions().device(gpu));
+  EXPECT_EQ(current_bytes(gpu), gpu_before + kMiB);  // 1 MiB is a multiple of 512 B: exact
+  g.reset();
+  EXPECT_EQ(current_bytes(gpu), gpu_before);
+  EXPECT_EQ(peak_bytes(gpu), gpu_before + kMiB);
+}
+
 TEST(Memory, FormatBytes) {
   EXPECT_EQ(format_bytes(0), "0 B");
   EXPECT_EQ(format_bytes(100), "100 B");

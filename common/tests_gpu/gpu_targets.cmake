@@ -6,8 +6,8 @@
 #   gpu.smoke.nN  nccl_smoke (smoke_test.cpp): the first-GPU-machine suite of `./lab gpu-check`
 #                 (streams, lifetimes, every dtype x op, p2p, splits, barrier, timeouts).
 #   common.nccl_no_device.n1   the checks that need no GPU (no_device_test.cpp), in CI.
-#   dtl_cuda_headers_compile   compiles comm_nccl.cpp's LibTorch-CUDA path against a CPU
-#                 LibTorch's c10/cuda headers (never linked): CI's guard on that code.
+#   dtl_cuda_headers_compile   compiles the LibTorch-CUDA paths of comm_nccl.cpp and memory.cpp
+#                 against a CPU LibTorch's c10/cuda headers (never linked): CI's guard on them.
 # GPU tests hold the ctest resource lock "gpu": two never share the GPUs.
 
 set(_gpu_defs)
@@ -62,7 +62,8 @@ if(DTL_HAVE_NCCL AND NOT DTL_TORCH_HAS_CUDA)
     endif()
   endforeach()
   if(_c10_cuda_found)
-    add_library(dtl_cuda_headers_compile OBJECT ${CMAKE_CURRENT_LIST_DIR}/cuda_headers_compile.cpp)
+    add_library(dtl_cuda_headers_compile OBJECT ${CMAKE_CURRENT_LIST_DIR}/cuda_headers_compile.cpp
+                                                ${CMAKE_CURRENT_LIST_DIR}/cuda_memory_compile.cpp)
     target_link_libraries(dtl_cuda_headers_compile PRIVATE dtl_common CUDA::cudart NCCL::NCCL)
     dtl_use_torch(dtl_cuda_headers_compile)
     target_compile_definitions(dtl_cuda_headers_compile PRIVATE DTL_TORCH_HAS_CUDA=1)

@@ -116,11 +116,13 @@ TEST(TrainStepGrading, MatchesAHandDrivenAdamW) {
   data::SyntheticCorpus corpus(cfg.vocab_size, 5);
   data::GlobalBatchSampler sampler(corpus, 3, cfg.seq_len);
   GPT model(cfg), expected(cfg);
+  model->to(testing::device());  // --device cuda: both on the GPU
+  expected->to(testing::device());
   OptimConfig oc;
   oc.weight_decay = 0.1;
   auto opt = make_adamw(*model, oc), expected_opt = make_adamw(*expected, oc);
   for (int64_t step = 0; step < 4; ++step) {
-    const torch::Tensor batch = sampler.global_batch_at(step);
+    const torch::Tensor batch = sampler.global_batch_at(step).to(testing::device());
     const float loss = train_step(model, *opt, batch);
     expected_opt->zero_grad();
     torch::Tensor ref = expected->loss(batch);
@@ -137,9 +139,12 @@ TEST(TrainStepGrading, MatchesAHandDrivenAdamW) {
 TEST(TrainStepGrading, ShortSequencesAndSingleRow) {
   const GPTConfig cfg = GPTConfig::tiny();  // context 16
   GPT model(cfg), expected(cfg);
+  model->to(testing::device());
+  expected->to(testing::device());
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
   // One row of 5 tokens (T = 4 < seq_len): legal, the model uses the first 4 positions.
-  const torch::Tensor batch = data::SyntheticCorpus(cfg.vocab_size, 9).sequence(0, 5).unsqueeze(0);
+  const torch::Tensor batch =
+      data::SyntheticCorpus(cfg.vocab_size, 9).sequence(0, 5).unsqueeze(0).to(testing::device());
   const float loss = train_step(model, sgd, batch);
   torch::Tensor ref = expected->loss(batch);
   ref.backward();

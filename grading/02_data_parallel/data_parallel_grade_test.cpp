@@ -23,6 +23,8 @@ using model::GPTConfig;
 Comm& W() { return dtl::world(); }
 
 using dtl::testing::expect_error_mentions;
+// The data-parallel side on the Runtime's device; the serial oracles stay on the CPU.
+using dtl::testing::device;
 
 
 GPTConfig untied_deeper() {
@@ -78,6 +80,7 @@ TEST(ShardGrading, LargeOddSizes) {
 
 TEST(AverageGradientsGrading, RejectsBadCounts) {
   GPT model(GPTConfig::tiny());
+  model->to(device());
   expect_error_mentions([&] { average_gradients(*model, W(), 0, 0); }, "global_count");
   expect_error_mentions([&] { average_gradients(*model, W(), 5, 4); }, "local_count");
   expect_error_mentions([&] { average_gradients(*model, W(), -1, 4); }, "local_count");
@@ -95,10 +98,12 @@ TEST(AverageGradientsGrading, FrozenParametersAreSkipped) {
   const torch::Tensor expected = serial_params(cfg, sampler, 2, oc, frozen);
 
   GPT model(cfg);
+  model->to(device());
   for (const auto& name : frozen) model->named_parameters()[name].set_requires_grad(false);
   auto opt = dtl::make_adamw(*model, oc);
   std::shared_ptr<Comm> comm = W().dup();
-  for (int s = 0; s < 2; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), *comm);
+  for (int s = 0; s < 2; ++s)
+    dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), *comm);
   int64_t trainable = 0;
   for (const auto& p : model->parameters()) trainable += p.requires_grad() ? 1 : 0;
   EXPECT_EQ(comm->stats()[OpType::AllReduce].count, 2 * trainable)
@@ -119,8 +124,10 @@ TEST(DataParallelGrading, UntiedDeeperModelManySteps) {
     const int steps = 5;
     const torch::Tensor expected = serial_params(cfg, sampler, steps, oc);
     GPT model(cfg);
+    model->to(device());
     auto opt = dtl::make_adamw(*model, oc);
-    for (int s = 0; s < steps; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), W());
+    for (int s = 0; s < steps; ++s)
+      dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), W());
     const torch::Tensor got = testing::flat_params(*model);
     DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 5e-5) << "global batch " << rows;
     DTL_EXPECT_SAME_ON_ALL_RANKS(got) << "global batch " << rows;
@@ -136,8 +143,10 @@ TEST(DataParallelGrading, TrainsOnASubCommunicator) {
   data::GlobalBatchSampler sampler(corpus, 5, cfg.seq_len);
   const torch::Tensor expected = serial_params(cfg, sampler, 2, dp_adamw(0.0));
   GPT model(cfg);
+  model->to(device());
   auto opt = dtl::make_adamw(*model, dp_adamw(0.0));
-  for (int s = 0; s < 2; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), *group);
+  for (int s = 0; s < 2; ++s)
+    dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), *group);
   DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 2e-5)
       << "group " << W().rank() % 2 << " of size " << group->size();
   const double ring = 2.0 * (group->size() - 1) / group->size();
@@ -152,13 +161,15 @@ TEST(DataParallelGrading, ReportsTheLocalLossBeforeTheUpdate) {
   data::SyntheticCorpus corpus(cfg.vocab_size, 17);
   data::GlobalBatchSampler sampler(corpus, 7, cfg.seq_len);
   GPT model(cfg), probe(cfg);
+  model->to(device());
+  probe->to(device());
   auto opt = dtl::make_adamw(*model);
   const int n = W().size(), r = W().rank();
   const int64_t base = 7 / n, extra = 7 % n;
   const int64_t begin = r * base + std::min<int64_t>(r, extra);
   const int64_t rows = base + (r < extra ? 1 : 0);
   for (int s = 0; s < 2; ++s) {
-    const torch::Tensor global = sampler.global_batch_at(s);
+    const torch::Tensor global = sampler.global_batch_at(s).to(device());
     double expected = 0;
     {
       torch::NoGradGuard no_grad;
@@ -177,6 +188,7 @@ TEST(DataParallelGrading, ReportsTheLocalLossBeforeTheUpdate) {
 
 TEST(DataParallelGrading, RejectsMalformedGlobalBatch) {
   GPT model(GPTConfig::tiny());
+  model->to(device());
   auto opt = dtl::make_adamw(*model);
   expect_error_mentions([&] { dp_train_step(model, *opt, torch::zeros({17}, torch::kLong), W()); },
                         "global_batch");

@@ -77,37 +77,37 @@ TEST(GradeRingAllReduce, ShapesOffsetsAndStrides) {
   const int n = comm->size(), r = comm->rank();
   const double tri = n * (n - 1) / 2.0;
   // A 0-dim tensor.
-  auto scalar = torch::tensor(1.5 + r, torch::kFloat64);
+  auto scalar = torch::tensor(1.5 + r, device_options(torch::kFloat64));
   dtl::lab03::ring_all_reduce(*comm, scalar);
   EXPECT_EQ(scalar.dim(), 0);
   EXPECT_DOUBLE_EQ(scalar.item<double>(), 1.5 * n + tri);
   // A 3-D tensor keeps its shape.
-  auto cube = torch::full({3, 5, 7}, 1.0f + r);
+  auto cube = torch::full({3, 5, 7}, 1.0f + r, device_options());
   dtl::lab03::ring_all_reduce(*comm, cube);
-  DTL_EXPECT_EQUAL(cube, torch::full({3, 5, 7}, static_cast<float>(n + tri)));
+  DTL_EXPECT_EQUAL(cube, torch::full({3, 5, 7}, static_cast<float>(n + tri), device_options()));
   // A contiguous window into a larger buffer (storage offset 10): only the window changes.
-  auto buffer = torch::full({100}, static_cast<double>(r), torch::kFloat64);
+  auto buffer = torch::full({100}, static_cast<double>(r), device_options(torch::kFloat64));
   auto window = buffer.narrow(0, 10, 37);
   ASSERT_TRUE(window.is_contiguous());
   dtl::lab03::ring_all_reduce(*comm, window);
-  DTL_EXPECT_EQUAL(buffer.narrow(0, 10, 37), torch::full({37}, tri, torch::kFloat64));
+  DTL_EXPECT_EQUAL(buffer.narrow(0, 10, 37), torch::full({37}, tri, device_options(torch::kFloat64)));
   DTL_EXPECT_EQUAL(buffer.narrow(0, 0, 10),
-                   torch::full({10}, static_cast<double>(r), torch::kFloat64));
+                   torch::full({10}, static_cast<double>(r), device_options(torch::kFloat64)));
   DTL_EXPECT_EQUAL(buffer.narrow(0, 47, 53),
-                   torch::full({53}, static_cast<double>(r), torch::kFloat64));
+                   torch::full({53}, static_cast<double>(r), device_options(torch::kFloat64)));
   // A transposed matrix and a stride-3 view.
-  auto m = torch::arange(35, torch::kInt64).reshape({5, 7}) * (r + 1);
+  auto m = torch::arange(35, device_options(torch::kInt64)).reshape({5, 7}) * (r + 1);
   auto mt = m.t();
   dtl::lab03::ring_all_reduce(*comm, mt);
-  DTL_EXPECT_EQUAL(m, torch::arange(35, torch::kInt64).reshape({5, 7}) * (n * (n + 1) / 2));
-  auto line = torch::full({31}, static_cast<int64_t>(r), torch::kInt64);
+  DTL_EXPECT_EQUAL(m, torch::arange(35, device_options(torch::kInt64)).reshape({5, 7}) * (n * (n + 1) / 2));
+  auto line = torch::full({31}, static_cast<int64_t>(r), device_options(torch::kInt64));
   auto every_third = line.slice(0, 0, 31, 3);
   dtl::lab03::ring_all_reduce(*comm, every_third, ReduceOp::Max);
   for (int64_t i = 0; i < 31; ++i)
     EXPECT_EQ(line[i].item<int64_t>(), i % 3 == 0 ? n - 1 : r) << "element " << i;
   // A strided view that does not start at its storage's first element (offset 5, stride 4):
   // code that walks data_ptr() of the storage, or forgets the offset, writes the wrong elements.
-  auto storage = torch::full({97}, static_cast<float>(r), torch::kFloat32);
+  auto storage = torch::full({97}, static_cast<float>(r), device_options(torch::kFloat32));
   auto view = storage.slice(0, 5, 97, 4);
   ASSERT_EQ(view.storage_offset(), 5);
   ASSERT_FALSE(view.is_contiguous());
@@ -130,9 +130,9 @@ TEST(GradeRingAllReduce, RepeatedCallsInterleavedWithBuiltins) {
     dtl::lab03::recursive_doubling_all_reduce(*comm, c);
     DTL_EXPECT_EQUAL(a, b) << "round " << round;
     DTL_EXPECT_EQUAL(c, b) << "round " << round;
-    auto rs = torch::empty({chunk_range(numel, n, r).size()}, torch::kInt64);
+    auto rs = torch::empty({chunk_range(numel, n, r).size()}, device_options(torch::kInt64));
     dtl::lab03::ring_reduce_scatter(*comm, rs, a);
-    auto ag = torch::empty({numel}, torch::kInt64);
+    auto ag = torch::empty({numel}, device_options(torch::kInt64));
     dtl::lab03::ring_all_gather(*comm, ag, rs);
     DTL_EXPECT_EQUAL(ag, b * n) << "reduce-scatter then all-gather of the all-reduced tensor";
     comm->barrier();
@@ -143,7 +143,7 @@ TEST(GradeRingAllReduce, ExactBytesAtPipelinedSizes) {
   auto comm = fresh_comm();
   const int n = comm->size();
   const int64_t numel = (int64_t{1} << 21) + 3;  // 8 MiB of float32, not divisible by 2..5
-  dtl::lab03::ring_all_reduce(*comm, torch::ones({numel}));
+  dtl::lab03::ring_all_reduce(*comm, torch::ones({numel}, device_options()));
   const auto s = comm->stats();
   EXPECT_EQ(collectives_used(s), "");
   EXPECT_LE(sendrecv_destinations(*comm).size(), 1u);
@@ -167,7 +167,7 @@ TEST(GradeRingReduceScatter, PrimeSizesEveryOp) {
         auto input = random_tensor(numel, dtype), before = input.clone(), full = input.clone();
         comm->all_reduce(full, op);
         const auto mine = chunk_range(numel, n, r);
-        auto output = torch::full({mine.size()}, 7, dtype);
+        auto output = torch::full({mine.size()}, 7, device_options(dtype));
         dtl::lab03::ring_reduce_scatter(*comm, output, input, op);
         EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), op))
             << label(dtype, op, numel);
@@ -178,17 +178,17 @@ TEST(GradeRingReduceScatter, PrimeSizesEveryOp) {
 TEST(GradeRingReduceScatter, NonContiguousInputAndOutput) {
   auto comm = fresh_comm();
   const int n = comm->size(), r = comm->rank();
-  auto base = torch::randn({11, 13}, torch::kFloat64);
+  auto base = torch::randn({11, 13}, torch::kFloat64).to(device());
   auto input = base.t();  // [13, 11], non-contiguous; flattened in its logical (row-major) order
   auto full = input.contiguous().view({-1}).clone();
   comm->all_reduce(full);
   const auto mine = chunk_range(input.numel(), n, r);
-  auto holder = torch::full({2 * mine.size() + 1}, -3.0, torch::kFloat64);
+  auto holder = torch::full({2 * mine.size() + 1}, -3.0, device_options(torch::kFloat64));
   auto output = holder.slice(0, 1, 2 * mine.size() + 1, 2);  // every other element
   dtl::lab03::ring_reduce_scatter(*comm, output, input);
   EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Sum));
   DTL_EXPECT_EQUAL(holder.slice(0, 0, 2 * mine.size() + 1, 2),
-                   torch::full({mine.size() + 1}, -3.0, torch::kFloat64));
+                   torch::full({mine.size() + 1}, -3.0, device_options(torch::kFloat64)));
 }
 
 TEST(GradeRingAllGather, PrimeSizesAndViews) {
@@ -198,7 +198,7 @@ TEST(GradeRingAllGather, PrimeSizesAndViews) {
     for (auto dtype : {torch::kFloat32, torch::kInt64, torch::kUInt8}) {
       auto whole = dtl::testing::serial(numel, [&] { return random_tensor(numel, dtype); });
       const auto mine = chunk_range(numel, n, r);
-      auto output = torch::empty({numel}, dtype);
+      auto output = torch::empty({numel}, device_options(dtype));
       dtl::lab03::ring_all_gather(*comm, output, whole.slice(0, mine.begin, mine.end).clone());
       DTL_EXPECT_EQUAL(output, whole) << label(dtype, ReduceOp::Sum, numel);
     }
@@ -206,13 +206,13 @@ TEST(GradeRingAllGather, PrimeSizesAndViews) {
   const int64_t numel = 6 * n + 5;
   auto whole = dtl::testing::serial(3, [&] { return torch::randn({numel}); });
   const auto mine = chunk_range(numel, n, r);
-  auto holder = torch::zeros({numel, 2});
+  auto holder = torch::zeros({numel, 2}, device_options());
   auto output = holder.select(1, 1);  // stride 2
-  auto in_holder = torch::zeros({mine.size(), 3});
+  auto in_holder = torch::zeros({mine.size(), 3}, device_options());
   in_holder.select(1, 2).copy_(whole.slice(0, mine.begin, mine.end));
   dtl::lab03::ring_all_gather(*comm, output, in_holder.select(1, 2));
   DTL_EXPECT_EQUAL(holder.select(1, 1), whole);
-  DTL_EXPECT_EQUAL(holder.select(1, 0), torch::zeros({numel}));
+  DTL_EXPECT_EQUAL(holder.select(1, 0), torch::zeros({numel}, device_options()));
 }
 
 // ================================================================ recursive doubling
@@ -238,7 +238,7 @@ TEST(GradeRecursiveDoubling, MessageCountAndBytes) {
   const int n = comm->size(), lg = floor_log2(n);
   const int64_t numel = 1 << 18;  // 1 MiB of float32
   const double S = numel * 4.0;
-  dtl::lab03::recursive_doubling_all_reduce(*comm, torch::ones({numel}));
+  dtl::lab03::recursive_doubling_all_reduce(*comm, torch::ones({numel}, device_options()));
   const auto s = comm->stats();
   EXPECT_EQ(collectives_used(s), "");
   const double sent = static_cast<double>(s[OpType::SendRecv].bytes + s[OpType::Send].bytes);
@@ -262,8 +262,8 @@ TEST(GradeBadInput, EveryConstraintRaisesBeforeAnythingIsSent) {
   using dtl::lab03::ring_all_reduce;
   using dtl::lab03::ring_reduce_scatter;
   const int64_t numel = 3 * n + 2, mine = chunk_range(numel, n, r).size();
-  auto ok_in = torch::ones({numel});
-  auto ok_out = torch::empty({mine});
+  auto ok_in = torch::ones({numel}, device_options());
+  auto ok_out = torch::empty({mine}, device_options());
   ::testing::Matcher<std::string> tensor = ::testing::HasSubstr("tensor");
   ::testing::Matcher<std::string> dtype = ::testing::HasSubstr("dtype");
   ::testing::Matcher<std::string> chunk = ::testing::HasSubstr("chunk");
@@ -271,29 +271,29 @@ TEST(GradeBadInput, EveryConstraintRaisesBeforeAnythingIsSent) {
   EXPECT_THAT(error_of([&] { recursive_doubling_all_reduce(*comm, torch::Tensor()); }), tensor);
   EXPECT_THAT(error_of([&] { ring_reduce_scatter(*comm, torch::Tensor(), ok_in); }), tensor);
   EXPECT_THAT(error_of([&] { ring_all_gather(*comm, torch::Tensor(), ok_out); }), tensor);
-  EXPECT_THAT(error_of([&] { ring_all_reduce(*comm, torch::ones({5}, torch::kBool)); }), dtype);
+  EXPECT_THAT(error_of([&] { ring_all_reduce(*comm, torch::ones({5}, device_options(torch::kBool))); }), dtype);
   EXPECT_THAT(
-      error_of([&] { recursive_doubling_all_reduce(*comm, torch::ones({5}, torch::kBool)); }),
+      error_of([&] { recursive_doubling_all_reduce(*comm, torch::ones({5}, device_options(torch::kBool))); }),
       dtype);
-  EXPECT_THAT(error_of([&] { ring_all_reduce(*comm, torch::ones({5}, torch::kComplexFloat)); }),
+  EXPECT_THAT(error_of([&] { ring_all_reduce(*comm, torch::ones({5}, device_options(torch::kComplexFloat))); }),
               dtype);
   EXPECT_THAT(error_of([&] { ring_reduce_scatter(*comm, ok_out.to(torch::kFloat64), ok_in); }),
               dtype);
   EXPECT_THAT(error_of([&] { ring_all_gather(*comm, ok_in, ok_out.to(torch::kInt32)); }), dtype);
-  EXPECT_THAT(error_of([&] { ring_reduce_scatter(*comm, torch::empty({mine + 1}), ok_in); }),
+  EXPECT_THAT(error_of([&] { ring_reduce_scatter(*comm, torch::empty({mine + 1}, device_options()), ok_in); }),
               chunk);
   if (n > 1) {
-    EXPECT_THAT(error_of([&] { ring_reduce_scatter(*comm, torch::empty({numel}), ok_in); }), chunk);
+    EXPECT_THAT(error_of([&] { ring_reduce_scatter(*comm, torch::empty({numel}, device_options()), ok_in); }), chunk);
   }
-  EXPECT_THAT(error_of([&] { ring_all_gather(*comm, ok_in, torch::ones({mine + 1})); }), chunk);
-  EXPECT_THAT(error_of([&] { ring_all_gather(*comm, torch::empty({numel + n}), ok_out); }),
+  EXPECT_THAT(error_of([&] { ring_all_gather(*comm, ok_in, torch::ones({mine + 1}, device_options())); }), chunk);
+  EXPECT_THAT(error_of([&] { ring_all_gather(*comm, torch::empty({numel + n}, device_options()), ok_out); }),
               ::testing::AnyOf(chunk, ::testing::HasSubstr("no dtl::Error")))
       << "numel + n may or may not change this rank's chunk size";
   EXPECT_EQ(comm->stats().total_count(), 0) << "a rejected call must not send anything";
   // And the Comm is still in step on every rank.
-  auto t = torch::ones({numel});
+  auto t = torch::ones({numel}, device_options());
   ring_all_reduce(*comm, t);
-  DTL_EXPECT_EQUAL(t, torch::full({numel}, static_cast<float>(n)));
+  DTL_EXPECT_EQUAL(t, torch::full({numel}, static_cast<float>(n), device_options()));
 }
 
 // ================================================================ the cost model

@@ -83,7 +83,7 @@ TEST(GradeHierarchical, ShapedAndOffsetViews) {
     dtl::lab07::hierarchical_all_reduce(*comm, k, view, ReduceOp::Max);
     DTL_EXPECT_EQUAL(view, expected) << "k=" << k;
     // Elements outside the view keep their values.
-    auto mask = torch::ones({40}, torch::kBool);
+    auto mask = torch::ones({40}, device_options(torch::kBool));
     mask.slice(0, 3, 40, 3).fill_(false);
     DTL_EXPECT_EQUAL(storage.masked_select(mask), untouched.masked_select(mask)) << "k=" << k;
   }
@@ -133,9 +133,9 @@ TEST(GradeHierarchical, ADestroyedCommDoesNotHandItsHierarchyToANewOne) {
   const int n = dtl::world().size();
   for (int round = 0; round < 4; ++round) {
     auto comm = fresh_comm();
-    auto t = torch::full({6}, comm->rank() + 1, torch::kInt64);
+    auto t = torch::full({6}, comm->rank() + 1, device_options(torch::kInt64));
     dtl::lab07::hierarchical_all_reduce(*comm, n, t);
-    DTL_EXPECT_EQUAL(t, torch::full({6}, n * (n + 1) / 2, torch::kInt64)) << "round " << round;
+    DTL_EXPECT_EQUAL(t, torch::full({6}, n * (n + 1) / 2, device_options(torch::kInt64))) << "round " << round;
     EXPECT_GE(comm->stats()[OpType::Split].count, 1)
         << "round " << round << ": a new Comm needs its own hierarchy (split of that Comm)";
   }
@@ -145,24 +145,24 @@ TEST(GradeHierarchical, EveryBadInputWord) {
   auto comm = fresh_comm();
   const int n = comm->size();
   EXPECT_THAT(error_of([&] { Hierarchy h(*comm, -2); }), HasSubstr("ranks_per_node"));
-  EXPECT_THAT(error_of([&] { dtl::lab07::hierarchical_all_reduce(*comm, 0, torch::ones({2})); }),
+  EXPECT_THAT(error_of([&] { dtl::lab07::hierarchical_all_reduce(*comm, 0, torch::ones({2}, device_options())); }),
               HasSubstr("ranks_per_node"));
   if (n >= 2) {
     for (int k = 2; k <= n + 2; ++k) {
       if (n % k == 0) continue;
-      EXPECT_THAT(error_of([&] { dtl::lab07::hierarchical_all_reduce(*comm, k, torch::ones({2})); }),
+      EXPECT_THAT(error_of([&] { dtl::lab07::hierarchical_all_reduce(*comm, k, torch::ones({2}, device_options())); }),
                   HasSubstr("ranks_per_node=" + std::to_string(k) + " does not divide " +
                             std::to_string(n) + " ranks"));
     }
   }
   Hierarchy h(*comm, n);
   EXPECT_THAT(error_of([&] { h.all_reduce(torch::Tensor()); }), HasSubstr("tensor"));
-  EXPECT_THAT(error_of([&] { h.all_reduce(torch::zeros({3}, torch::kComplexFloat)); }),
+  EXPECT_THAT(error_of([&] { h.all_reduce(torch::zeros({3}, device_options(torch::kComplexFloat))); }),
               HasSubstr("dtype"));
   // Nothing was sent by the rejected calls: the hierarchy's Comms are still in step.
-  auto t = torch::ones({4}, torch::kInt64);
+  auto t = torch::ones({4}, device_options(torch::kInt64));
   h.all_reduce(t);
-  DTL_EXPECT_EQUAL(t, torch::full({4}, n, torch::kInt64));
+  DTL_EXPECT_EQUAL(t, torch::full({4}, n, device_options(torch::kInt64)));
 }
 
 // ================================================================ formulas

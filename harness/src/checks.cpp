@@ -32,8 +32,15 @@ static ::testing::AssertionResult same_layout(const torch::Tensor& a, const torc
   return ::testing::AssertionSuccess();
 }
 
+// kCudaToleranceScale when either side lives on a GPU.
+static double device_scale(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.is_cuda() || b.is_cuda() ? kCudaToleranceScale : 1.0;
+}
+
 ::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
                                          double rtol, double atol) {
+  rtol *= device_scale(actual, expected);
+  atol *= device_scale(actual, expected);
   auto layout = same_layout(actual, expected);
   if (!layout) return layout;
   if (actual.numel() == 0) return ::testing::AssertionSuccess();
@@ -73,7 +80,8 @@ static ::testing::AssertionResult same_layout(const torch::Tensor& a, const torc
   if (r || actual.sizes() != expected_flat.sizes()) return r;
   // Locate the worst element again, in parameter coordinates.
   auto a = actual.detach().cpu().to(torch::kFloat64), e = expected_flat.detach().cpu().to(torch::kFloat64);
-  auto err = (a - e).abs().nan_to_num(INFINITY) - (atol + rtol * e.abs());
+  const double scale = device_scale(actual, expected_flat);
+  auto err = (a - e).abs().nan_to_num(INFINITY) - scale * (atol + rtol * e.abs());
   int64_t worst = err.argmax().item<int64_t>(), offset = 0;
   for (const auto& p : m.named_parameters()) {
     const int64_t numel = p.value().numel();

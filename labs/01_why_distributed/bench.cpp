@@ -8,7 +8,7 @@
 
 #include "dtl/data.hpp"          // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/perf.hpp"          // defines: max_over_ranks, measure_matmul_flops
-#include "dtl/timer.hpp"         // defines: Timer
+#include "dtl/timer.hpp"         // defines: DeviceTimer
 #include "why_distributed.hpp"
 
 namespace {
@@ -42,7 +42,7 @@ void BM_TrainStep(benchmark::State& state) {
   for (auto _ : state) {
     const torch::Tensor tokens = sampler.global_batch_at(step++);  // data prep: not timed
     dtl::bench::Iteration it(state);
-    dtl::Timer t;
+    dtl::DeviceTimer t;
     dtl::lab01::train_step(model, *optimizer, tokens);
     seconds += dtl::max_over_ranks(t.seconds());
   }

@@ -23,7 +23,7 @@
 #include "dtl/memory.hpp"   // defines: format_bytes
 #include "dtl/perf.hpp"     // defines: measure_matmul_flops
 #include "dtl/runtime.hpp"  // defines: Runtime, RuntimeOptions
-#include "dtl/timer.hpp"    // defines: Timer
+#include "dtl/timer.hpp"    // defines: DeviceTimer
 #include "why_distributed.hpp"
 
 namespace {
@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
           rt.world_size(), rt.intra_op_threads());
 
     // ---- what the formulas predict for this model
-    dtl::lab01::GPT model(cfg);
+    dtl::lab01::GPT model(cfg);  // the seeded init on the CPU, then onto the device
+    model->to(rt.device());
     const int64_t n_params = dtl::lab01::param_count(cfg);
     const double flops = dtl::lab01::flops_per_token(cfg);
     const auto state = dtl::lab01::training_state_bytes(cfg, dtl::lab01::Precision::kFP32,
@@ -165,9 +166,9 @@ int main(int argc, char** argv) {
     double train_seconds = 0;
     const double tokens_per_step = static_cast<double>(batch * cfg.seq_len);
     for (int step = 0; step < steps; ++step) {
-      const torch::Tensor tokens = sampler.global_batch_at(step);  // data prep not timed
+      const torch::Tensor tokens = sampler.global_batch_at(step).to(rt.device());  // not timed
       dtl::set_lr(*optimizer, dtl::cosine_lr(optim, step, steps));
-      dtl::Timer t;
+      dtl::DeviceTimer t;
       const float loss = dtl::lab01::train_step(model, *optimizer, tokens);
       train_seconds += t.seconds();
       recent.push_back(loss);

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "dtl/error.hpp"  // defines: DTL_CHECK, DTL_UNIMPLEMENTED
-#include "dtl/timer.hpp"  // defines: Timer
+#include "dtl/timer.hpp"  // defines: DeviceTimer
 
 namespace dtl::lab02 {
 
@@ -40,7 +40,7 @@ void average_gradients(torch::nn::Module& module, Comm& comm, int64_t local_coun
 
 StepStats dp_train_step(GPT& model, torch::optim::Optimizer& optimizer,
                         const torch::Tensor& global_batch, Comm& comm) {
-  // TODO(lab02): one data-parallel step, timing each phase into StepStats (dtl::Timer):
+  // TODO(lab02): one data-parallel step, timing each phase into StepStats (dtl::DeviceTimer):
   //   compute:   zero_grad; local = shard_batch(...); if it has rows, loss = model->loss(local),
   //              backward, record the loss;
   //   comm:      average_gradients(*model, comm, local rows, global rows);

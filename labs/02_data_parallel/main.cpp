@@ -24,7 +24,7 @@
 #include "dtl/log.hpp"          // defines: print0
 #include "dtl/memory.hpp"       // defines: format_bytes
 #include "dtl/runtime.hpp"      // defines: Runtime, RuntimeOptions
-#include "dtl/timer.hpp"        // defines: Timer
+#include "dtl/timer.hpp"        // defines: DeviceTimer
 #include "dtl/optim.hpp"        // defines: OptimConfig, make_adamw
 #include "dtl/perf.hpp"         // defines: median
 
@@ -60,9 +60,11 @@ int main(int argc, char** argv) {
     // Gradients travel on their own Comm, metrics on another: the stats of grad_comm count
     // exactly the training traffic, and metric gathers never queue behind gradients.
     std::shared_ptr<dtl::Comm> grad_comm = rt.world().dup();
-    std::shared_ptr<dtl::Comm> metrics = rt.world().dup();
+    // Metrics are CPU numbers: on a GPU run they travel on a CPU (MPI) Comm, not through NCCL.
+    std::shared_ptr<dtl::Comm> metrics = rt.cpu_world().dup();
 
-    dtl::model::GPT model(cfg);
+    dtl::model::GPT model(cfg);  // the seeded init on the CPU, then onto the device
+    model->to(rt.device());
     auto optimizer = dtl::make_adamw(*model, optim);
     dtl::data::SyntheticCorpus corpus(cfg.vocab_size, rt.seed());
     dtl::data::GlobalBatchSampler sampler(corpus, batch, cfg.seq_len);
@@ -84,7 +86,7 @@ int main(int argc, char** argv) {
 
     std::vector<double> step_ms, compute_ms, transfer_ms, wait_ms;
     for (int step = 0; step < steps; ++step) {
-      const torch::Tensor global = sampler.global_batch_at(step);
+      const torch::Tensor global = sampler.global_batch_at(step).to(rt.device());
       const dtl::lab02::StepStats st =
           dtl::lab02::dp_train_step(model, *optimizer, global, *grad_comm);
 
@@ -140,11 +142,12 @@ int main(int argc, char** argv) {
         dtl::memory::format_bytes(wire_per_step));
     if (n > 1 && t_transfer > 0) {
       // The same bytes in ONE all-reduce: what bucketing (lab 04) buys back.
-      torch::Tensor flat = torch::zeros({grad_bytes / static_cast<int64_t>(sizeof(float))});
+      torch::Tensor flat = torch::zeros({grad_bytes / static_cast<int64_t>(sizeof(float))},
+                                        torch::TensorOptions().device(rt.device()));
       std::vector<double> fused_s;
       for (int i = 0; i < 6; ++i) {
         metrics->barrier();  // start together: time the transfer, not a straggler
-        dtl::Timer t;
+        dtl::DeviceTimer t;
         grad_comm->all_reduce(flat);
         if (i > 0) fused_s.push_back(t.seconds());  // i = 0 warms up
       }

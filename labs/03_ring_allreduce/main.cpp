@@ -57,10 +57,12 @@ int64_t count_wrong(const torch::Tensor& got, const torch::Tensor& expected, Red
   return (g - e).abs().gt(rtol * (e.abs() + 1.0)).sum().item<int64_t>();
 }
 
+// Drawn on the CPU (the same numbers whatever the device), then moved to the Runtime's device.
 torch::Tensor random_input(int64_t numel, torch::ScalarType dtype) {
+  const torch::Device device = dtl::Runtime::get().device();
   if (c10::isIntegralType(dtype, /*includeBool=*/false))
-    return torch::randint(-1000, 1000, {numel}, torch::TensorOptions().dtype(dtype));
-  return torch::randn({numel}).to(dtype);
+    return torch::randint(-1000, 1000, {numel}, torch::TensorOptions().dtype(dtype)).to(device);
+  return torch::randn({numel}).to(dtype).to(device);
 }
 
 std::string format_bytes(double b) {
@@ -172,7 +174,7 @@ int main(int argc, char** argv) {
           a.run(*comm, got, op);
           const auto wrong = static_cast<int64_t>(
               dtl::sum_over_ranks(static_cast<double>(count_wrong(got, expected, op))));
-          torch::Tensor work = torch::zeros({count}, dtype);
+          torch::Tensor work = torch::zeros({count}, input.options());
           const auto m = dtl::measure([&] { a.run(*comm, work, op); }, warmup, timed);
           const double algbw = bytes / m.median / 1e9, busbw = algbw * factor;
           a.points.emplace_back(static_cast<double>(bytes), m.median);

@@ -25,7 +25,7 @@
 #include "dtl/optim.hpp"          // defines: make_adamw
 #include "dtl/perf.hpp"           // defines: max_over_ranks
 #include "dtl/runtime.hpp"        // defines: Runtime, RuntimeOptions
-#include "dtl/timer.hpp"          // defines: now_seconds
+#include "dtl/timer.hpp"          // defines: DeviceTimer
 #include "grad_accumulation.hpp"  // defines: global_batch, AccumulationTrainer, ...
 
 int main(int argc, char** argv) {
@@ -105,9 +105,9 @@ int main(int argc, char** argv) {
     for (int64_t s = 0; s < steps; ++s) {
       const torch::Tensor global = sampler.global_batch_at(s).to(rt.device());
       const dtl::CommStats before = grad_comm->stats();
-      const double start = dtl::now_seconds();
+      const dtl::DeviceTimer timer;
       const dtl::lab05::StepStats st = trainer.step(global);
-      const double seconds = dtl::max_over_ranks(dtl::now_seconds() - start);
+      const double seconds = dtl::max_over_ranks(timer.seconds());
       const dtl::CommStats after = grad_comm->stats();
       // The global mean loss from each rank's row-weighted mean, on the world Comm (not counted
       // with the gradients).

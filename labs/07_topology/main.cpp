@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
     // ---- 2. the table
     bool have_hier = true, have_task1 = true, have_chooser = have_fit;
     try {
-      dtl::lab07::hierarchical_all_reduce(*comm, k, torch::zeros({1}));  // builds the hierarchy
+      dtl::lab07::hierarchical_all_reduce(*comm, k, torch::zeros({1}, torch::TensorOptions().device(rt.device())));  // builds the hierarchy
     } catch (const dtl::NotImplemented&) {
       have_hier = false;
     }
@@ -210,8 +210,9 @@ int main(int argc, char** argv) {
     std::string at_16m;
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
       const int64_t count = bytes / 4;
-      const torch::Tensor input = torch::randn({count});  // differs per rank (seed + rank)
-      const torch::Tensor zeros = torch::zeros({count});
+      // Differs per rank (seed + rank); drawn on the CPU, moved to the Runtime's device.
+      const torch::Tensor input = torch::randn({count}).to(rt.device());
+      const torch::Tensor zeros = torch::zeros({count}, input.options());
       torch::Tensor flat_out = input.clone();
       const auto flat = time_cell([&](const torch::Tensor& t) { comm->all_reduce(t); }, flat_out,
                                   zeros, budget);

@@ -18,6 +18,7 @@
 #include "dtl/perf.hpp"     // defines: median, max_over_ranks
 #include "dtl/runtime.hpp"  // defines: Runtime, RuntimeOptions
 #include "dtl/split.hpp"    // defines: split_range
+#include "dtl/timer.hpp"    // defines: DeviceTimer
 #include "dtl/train.hpp"    // defines: train_step
 #include "pipeline.hpp"
 
@@ -92,10 +93,9 @@ int main(int argc, char** argv) {
     std::vector<double> step_ms;
     for (int s = 0; s < steps; ++s) {
       const torch::Tensor global = sampler.global_batch_at(s);
-      const auto t0 = std::chrono::steady_clock::now();
+      const dtl::DeviceTimer timer;
       const dtl::lab11::StepStats st = dtl::lab11::fill_drain_step(stage, *opt, global, micro);
-      const double ms = dtl::max_over_ranks(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3);
+      const double ms = dtl::max_over_ranks(timer.millis());
       const double serial_loss = dtl::train_step(serial, *serial_opt, global);
       if (s > 0) step_ms.push_back(ms);
       dtl::print0("{:>5} {:>10.5f} {:>10.5f} {:>10.1f} {:>12.1f} {:>12.1f}", s, st.loss,

@@ -14,7 +14,7 @@
 #include <algorithm>
 
 #include "dtl/error.hpp"  // defines: DTL_CHECK
-#include "dtl/timer.hpp"  // defines: Timer
+#include "dtl/timer.hpp"  // defines: DeviceTimer
 #include "dtl/trace.hpp"  // defines: DTL_SCOPE
 
 namespace dtl::lab02 {
@@ -73,7 +73,8 @@ StepStats dp_train_step(GPT& model, torch::optim::Optimizer& optimizer,
   StepStats stats;
   const int64_t global_rows = global_batch.size(0);
 
-  Timer compute;
+  // DeviceTimer: on a GPU the phases end when their kernels did, not when they were queued.
+  DeviceTimer compute;
   optimizer.zero_grad();
   const torch::Tensor local = shard_batch(global_batch, comm.rank(), comm.size());
   stats.local_rows = local.size(0);
@@ -87,11 +88,11 @@ StepStats dp_train_step(GPT& model, torch::optim::Optimizer& optimizer,
 
   // Synchronous: no rank can step before every rank's gradients are in, so this time includes
   // waiting for the slowest rank's backward, not only moving bytes.
-  Timer comm_timer;
+  DeviceTimer comm_timer;
   average_gradients(*model, comm, stats.local_rows, global_rows);
   stats.comm_seconds = comm_timer.seconds();
 
-  Timer step;
+  DeviceTimer step;
   DTL_SCOPE("optimizer");
   optimizer.step();  // identical grads + identical weights -> identical new weights
   stats.optimizer_seconds = step.seconds();

@@ -1,6 +1,6 @@
 // dtl/memory.hpp — defines: memory::install, current_bytes, peak_bytes, reset_peak, set_limit,
 // limit, Scope (allocation tags), bytes_by_tag, Allocation, largest_live, breakdown,
-// format_bytes.
+// format_bytes; current_bytes(device), peak_bytes(device), reset_peak(device) for any device.
 //
 // A tracking CPU allocator: the CPU analogue of torch.cuda.memory_allocated() and
 // max_memory_allocated(). install() wraps LibTorch's CPU allocator, so every CPU tensor
@@ -18,6 +18,8 @@
 // so the numbers match a hand calculation of parameters + activations + optimizer state.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstddef>
 #include <map>
 #include <string>
@@ -34,6 +36,19 @@ bool installed();
 size_t current_bytes();  // live bytes allocated through the tracker
 size_t peak_bytes();     // max of current_bytes() since install() or the last reset_peak()
 void reset_peak();       // peak = current
+
+// The same three for the memory of one device, so that code measuring "the memory of the
+// device I train on" runs unchanged on a GPU:
+//   CPU   the tracker above (exactly current_bytes() / peak_bytes() / reset_peak());
+//   CUDA  the CUDA caching allocator's allocated-bytes statistics for that GPU (what
+//         torch.cuda.memory_allocated / max_memory_allocated / reset_peak_memory_stats read).
+//         Those count each block rounded up to the allocator's 512-byte granularity, so small
+//         tensors weigh a little more than their nbytes. Tags, limits and breakdowns are
+//         CPU-only: on a GPU the device's own memory is the limit.
+// A CUDA device with a LibTorch built without CUDA is a dtl::Error.
+size_t current_bytes(const c10::Device& device);
+size_t peak_bytes(const c10::Device& device);
+void reset_peak(const c10::Device& device);
 
 // 0 = no limit. An allocation that would take current_bytes() above the limit throws
 // dtl::OutOfMemory (requested, current, limit, per-tag bytes, largest live allocations);

@@ -1,4 +1,4 @@
-// dtl/timer.hpp — defines: now_seconds, Timer.
+// dtl/timer.hpp — defines: now_seconds, Timer, DeviceTimer.
 #pragma once
 
 #include <chrono>
@@ -21,6 +21,29 @@ class Timer {
 
  private:
   double start_;
+};
+
+void synchronize_device();  // dtl/perf.hpp: waits for the Runtime's device (no-op on CPU)
+
+// A Timer for work that may run on a GPU: it waits for the Runtime's device when it starts and
+// when it is read. CUDA kernels are queued and return at once, so a host clock alone would time
+// the launches, not the work. On the CPU (and before the Runtime exists) it is a plain Timer.
+// Reading it synchronises the device: time phases, not inner loops.
+class DeviceTimer {
+ public:
+  DeviceTimer() { reset(); }
+  void reset() {
+    synchronize_device();
+    timer_.reset();
+  }
+  double seconds() const {
+    synchronize_device();
+    return timer_.seconds();
+  }
+  double millis() const { return seconds() * 1e3; }
+
+ private:
+  Timer timer_;
 };
 
 }  // namespace dtl

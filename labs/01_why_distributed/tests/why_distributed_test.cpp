@@ -159,9 +159,11 @@ TEST(TrainStep, IsExactlyForwardBackwardStep) {
   data::GlobalBatchSampler sampler(corpus, 4, cfg.seq_len);
   const double lr = 0.5;
   GPT model(cfg), expected(cfg);
+  model->to(testing::device());  // --device cuda: both on the GPU
+  expected->to(testing::device());
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr));
   for (int64_t step = 0; step < 2; ++step) {
-    const torch::Tensor batch = sampler.global_batch_at(step);
+    const torch::Tensor batch = sampler.global_batch_at(step).to(testing::device());
     const float loss = train_step(model, sgd, batch);
 
     for (auto& p : expected->parameters()) p.mutable_grad() = torch::Tensor();
@@ -191,6 +193,7 @@ TEST(TrainStep, ReachesTheEntropyFloor) {
   data::SyntheticCorpus corpus(cfg.vocab_size, 11, /*branching=*/4);
   data::GlobalBatchSampler sampler(corpus, 32, cfg.seq_len);
   GPT model(cfg);
+  model->to(testing::device());
   OptimConfig oc;
   oc.lr = 2e-2;
   auto optimizer = make_adamw(*model, oc);
@@ -198,7 +201,8 @@ TEST(TrainStep, ReachesTheEntropyFloor) {
   std::vector<float> losses;
   for (int64_t step = 0; step < steps; ++step) {
     set_lr(*optimizer, cosine_lr(oc, step, steps));
-    losses.push_back(train_step(model, *optimizer, sampler.global_batch_at(step)));
+    losses.push_back(
+        train_step(model, *optimizer, sampler.global_batch_at(step).to(testing::device())));
   }
 
   const double floor = corpus.entropy_rate();

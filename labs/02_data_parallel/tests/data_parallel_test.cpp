@@ -29,6 +29,10 @@ using model::GPTConfig;
 
 Comm& W() { return dtl::world(); }
 
+// The data-parallel side lives on the Runtime's device (--device cuda: NCCL needs CUDA
+// tensors); the serial oracles stay on the CPU and the comparisons move both sides there.
+using testing::device;
+
 // The sharding rule of the handout is the course's one splitting rule, dtl::split_range: the
 // oracle of your shard_range, and what the gradient tests use so they do not depend on yours.
 std::pair<int64_t, int64_t> rule(int64_t rows, int r, int n) {
@@ -123,8 +127,9 @@ TEST(AverageGradients, EqualsTheGlobalBatchGradient) {
     const torch::Tensor expected = serial_gradient(cfg, global);
 
     GPT model(cfg);
+    model->to(device());
     const auto [begin, end] = rule(rows, W().rank(), W().size());
-    if (end > begin) model->loss(global.narrow(0, begin, end - begin)).backward();
+    if (end > begin) model->loss(global.narrow(0, begin, end - begin).to(device())).backward();
     // A rank without rows ran no backward: its .grad() tensors are undefined.
     average_gradients(*model, W(), end - begin, rows);
     const torch::Tensor got = testing::flat_grads(*model);
@@ -147,10 +152,11 @@ void expect_dp_equals_serial(const GPTConfig& cfg, int64_t rows, int steps,
   });
 
   GPT model(cfg);
+  model->to(device());
   auto opt = make_optimizer(model);
   const auto [begin, end] = rule(rows, W().rank(), W().size());
   for (int s = 0; s < steps; ++s) {
-    const StepStats st = dp_train_step(model, *opt, sampler.global_batch_at(s), W());
+    const StepStats st = dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), W());
     EXPECT_EQ(st.local_rows, end - begin) << where(rows) << ", step " << s;
   }
   const torch::Tensor got = testing::flat_params(*model);
@@ -185,6 +191,7 @@ TEST(DataParallel, CommunicatesOneAllReducePerParameter) {
   data::SyntheticCorpus corpus(cfg.vocab_size, 4);
   data::GlobalBatchSampler sampler(corpus, 6, cfg.seq_len);
   GPT model(cfg);
+  model->to(device());
   auto opt = dtl::make_adamw(*model);
   std::shared_ptr<Comm> comm = W().dup();
 
@@ -195,7 +202,8 @@ TEST(DataParallel, CommunicatesOneAllReducePerParameter) {
   }
   const int n = comm->size();
   const int steps = 2;
-  for (int s = 0; s < steps; ++s) dp_train_step(model, *opt, sampler.global_batch_at(s), *comm);
+  for (int s = 0; s < steps; ++s)
+    dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), *comm);
 
   const CommStats st = comm->stats();
   EXPECT_EQ(st[OpType::AllReduce].count, steps * n_params) << "one all-reduce per parameter";
@@ -218,8 +226,9 @@ TEST(DataParallel, RanksWithoutRowsStillTrainInLockstep) {
     return testing::flat_params(*m);
   });
   GPT model(cfg);
+  model->to(device());
   auto opt = dtl::make_adamw(*model, dp_adamw());
-  const StepStats st = dp_train_step(model, *opt, sampler.global_batch_at(0), W());
+  const StepStats st = dp_train_step(model, *opt, sampler.global_batch_at(0).to(device()), W());
   EXPECT_EQ(st.local_rows, W().rank() == 0 ? 1 : 0);
   if (W().rank() != 0) {
     EXPECT_EQ(st.loss, 0.0) << "no rows, no loss";

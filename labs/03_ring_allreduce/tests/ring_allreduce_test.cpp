@@ -109,9 +109,9 @@ TEST(RingReduceScatter, MatchesBuiltinOnEqualChunks) {
       for (int64_t chunk : {1, 3, 1000}) {
         auto input = random_tensor(chunk * n, dtype);
         auto before = input.clone();
-        auto expected = torch::empty({chunk}, dtype);
+        auto expected = torch::empty({chunk}, device_options(dtype));
         comm->reduce_scatter(expected, input, op);
-        auto output = torch::full({chunk}, -1, dtype);
+        auto output = torch::full({chunk}, -1, device_options(dtype));
         dtl::lab03::ring_reduce_scatter(*comm, output, input, op);
         EXPECT_TRUE(reduced_equal(output, expected, op)) << label(dtype, op, chunk * n);
         DTL_EXPECT_EQUAL(input, before)
@@ -128,7 +128,7 @@ TEST(RingReduceScatter, UnevenSizesFollowTheChunkLayout) {
       auto full = input.clone();
       comm->all_reduce(full);
       const auto mine = chunk_range(numel, n, r);
-      auto output = torch::full({mine.size()}, -1, dtype);
+      auto output = torch::full({mine.size()}, -1, device_options(dtype));
       dtl::lab03::ring_reduce_scatter(*comm, output, input);
       EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Sum))
           << label(dtype, ReduceOp::Sum, numel) << ": rank " << r << " must hold elements ["
@@ -145,7 +145,7 @@ TEST(RingReduceScatter, AverageDividesOnce) {
     auto full = input.clone();
     comm->all_reduce(full, ReduceOp::Avg);
     const auto mine = chunk_range(numel, n, r);
-    auto output = torch::empty({mine.size()}, dtype);
+    auto output = torch::empty({mine.size()}, device_options(dtype));
     dtl::lab03::ring_reduce_scatter(*comm, output, input, ReduceOp::Avg);
     EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Avg))
         << label(dtype, ReduceOp::Avg, numel);
@@ -156,8 +156,8 @@ TEST(RingReduceScatter, SendsEveryChunkButItsOwnToOneNeighbour) {
   auto comm = fresh_comm();
   const int n = comm->size(), r = comm->rank();
   const int64_t numel = 1001;  // not divisible by 2..5; chunks of 4 KiB at most
-  auto output = torch::empty({chunk_range(numel, n, r).size()});
-  dtl::lab03::ring_reduce_scatter(*comm, output, torch::ones({numel}));
+  auto output = torch::empty({chunk_range(numel, n, r).size()}, device_options());
+  dtl::lab03::ring_reduce_scatter(*comm, output, torch::ones({numel}, device_options()));
   const auto s = comm->stats();
   EXPECT_EQ(s[OpType::SendRecv].count, n - 1) << "one sendrecv per ring step, n-1 steps";
   EXPECT_EQ(collectives_used(s), "") << "build it from sendrecv only";
@@ -175,9 +175,9 @@ TEST(RingAllGather, MatchesBuiltinOnEqualChunks) {
   for (auto dtype : kDtypes)
     for (int64_t chunk : {1, 3, 1000}) {
       auto input = random_tensor(chunk, dtype);
-      auto expected = torch::empty({chunk * n}, dtype);
+      auto expected = torch::empty({chunk * n}, device_options(dtype));
       comm->all_gather(expected, input);
-      auto output = torch::full({chunk * n}, -1, dtype);
+      auto output = torch::full({chunk * n}, -1, device_options(dtype));
       dtl::lab03::ring_all_gather(*comm, output, input);
       DTL_EXPECT_EQUAL(output, expected) << label(dtype, ReduceOp::Sum, chunk * n);
     }
@@ -192,7 +192,7 @@ TEST(RingAllGather, UnevenChunksReassembleTheWhole) {
       auto whole = dtl::testing::serial(42 + numel, [&] { return random_tensor(numel, dtype); });
       const auto mine = chunk_range(numel, n, r);
       auto input = whole.slice(0, mine.begin, mine.end).clone();
-      auto output = torch::full({numel}, -1, dtype);
+      auto output = torch::full({numel}, -1, device_options(dtype));
       dtl::lab03::ring_all_gather(*comm, output, input);
       DTL_EXPECT_EQUAL(output, whole) << c10::toString(dtype) << " numel " << numel;
     }
@@ -204,7 +204,7 @@ TEST(RingAllGather, InputMayBeItsOwnSliceOfTheOutput) {
   const int64_t numel = 4 * n + 3;
   auto whole = dtl::testing::serial(7, [&] { return torch::randn({numel}); });
   const auto mine = chunk_range(numel, n, r);
-  auto output = torch::full({numel}, -1.0f);
+  auto output = torch::full({numel}, -1.0f, device_options());
   output.slice(0, mine.begin, mine.end).copy_(whole.slice(0, mine.begin, mine.end));
   dtl::lab03::ring_all_gather(*comm, output, output.slice(0, mine.begin, mine.end));
   DTL_EXPECT_EQUAL(output, whole);
@@ -214,8 +214,8 @@ TEST(RingAllGather, ForwardsEveryChunkButOneToOneNeighbour) {
   auto comm = fresh_comm();
   const int n = comm->size(), r = comm->rank();
   const int64_t numel = 1001;
-  auto output = torch::empty({numel});
-  dtl::lab03::ring_all_gather(*comm, output, torch::ones({chunk_range(numel, n, r).size()}));
+  auto output = torch::empty({numel}, device_options());
+  dtl::lab03::ring_all_gather(*comm, output, torch::ones({chunk_range(numel, n, r).size()}, device_options()));
   const auto s = comm->stats();
   EXPECT_EQ(s[OpType::SendRecv].count, n - 1);
   EXPECT_EQ(collectives_used(s), "");
@@ -287,21 +287,21 @@ TEST(RingAllReduce, WritesIntoTheCallersTensorAndViews) {
   auto comm = fresh_comm();
   const int n = comm->size(), r = comm->rank();
   // A contiguous 2-D tensor: same storage, same shape, reduced values.
-  auto t = torch::arange(7 * 13, torch::kFloat64).reshape({7, 13}) + r;
+  auto t = torch::arange(7 * 13, device_options(torch::kFloat64)).reshape({7, 13}) + r;
   const void* storage = t.data_ptr();
   dtl::lab03::ring_all_reduce(*comm, t);
   EXPECT_EQ(t.data_ptr(), storage);
   EXPECT_EQ(t.sizes().vec(), (std::vector<int64_t>{7, 13}));
   DTL_EXPECT_EQUAL(t,
-                   torch::arange(7 * 13, torch::kFloat64).reshape({7, 13}) * n + n * (n - 1) / 2.0);
+                   torch::arange(7 * 13, device_options(torch::kFloat64)).reshape({7, 13}) * n + n * (n - 1) / 2.0);
   // A non-contiguous view (every other column): the view sees the result, the columns in
   // between stay untouched.
-  auto base = torch::full({5, 8}, 100.0f + r);
+  auto base = torch::full({5, 8}, 100.0f + r, device_options());
   auto view = base.slice(1, 0, 8, 2);
   ASSERT_FALSE(view.is_contiguous());
   dtl::lab03::ring_all_reduce(*comm, view, ReduceOp::Max);
-  DTL_EXPECT_EQUAL(base.slice(1, 0, 8, 2), torch::full({5, 4}, 100.0f + (n - 1)));
-  DTL_EXPECT_EQUAL(base.slice(1, 1, 8, 2), torch::full({5, 4}, 100.0f + r));
+  DTL_EXPECT_EQUAL(base.slice(1, 0, 8, 2), torch::full({5, 4}, 100.0f + (n - 1), device_options()));
+  DTL_EXPECT_EQUAL(base.slice(1, 1, 8, 2), torch::full({5, 4}, 100.0f + r, device_options()));
 }
 
 TEST(RingAllReduce, TwoNMinusOneStepsAndBandwidthOptimalBytes) {
@@ -309,7 +309,7 @@ TEST(RingAllReduce, TwoNMinusOneStepsAndBandwidthOptimalBytes) {
   for (int64_t numel : sizes) {
     auto comm = fresh_comm();
     const int n = comm->size(), r = comm->rank();
-    dtl::lab03::ring_all_reduce(*comm, torch::ones({numel}));
+    dtl::lab03::ring_all_reduce(*comm, torch::ones({numel}, device_options()));
     const auto s = comm->stats();
     EXPECT_EQ(s[OpType::SendRecv].count, 2 * (n - 1))
         << "n-1 reduce-scatter + n-1 all-gather steps";
@@ -338,7 +338,7 @@ TEST(RecursiveDoubling, MatchesBuiltinForManySizesDtypesAndOps) {
 
 TEST(RecursiveDoubling, SameBitsEverywhereAndInPlace) {
   auto comm = fresh_comm();
-  auto base = torch::randn({6, 9}, torch::kFloat32);
+  auto base = torch::randn({6, 9}, torch::kFloat32).to(device());
   auto view = base.t();  // non-contiguous
   auto expected = view.contiguous();
   comm->all_reduce(expected);
@@ -355,7 +355,7 @@ TEST(RecursiveDoubling, LogarithmicNumberOfMessages) {
   auto comm = fresh_comm();
   const int n = comm->size();
   const int64_t numel = 1000;
-  dtl::lab03::recursive_doubling_all_reduce(*comm, torch::ones({numel}));
+  dtl::lab03::recursive_doubling_all_reduce(*comm, torch::ones({numel}, device_options()));
   const auto s = comm->stats();
   EXPECT_EQ(collectives_used(s), "") << "build it from point-to-point calls only";
   const int lg = floor_log2(n);
@@ -375,26 +375,26 @@ TEST(RecursiveDoubling, LogarithmicNumberOfMessages) {
 TEST(BadInput, SizeAndDtypeErrorsNameTheConstraint) {
   auto comm = fresh_comm();
   const int n = comm->size();
-  dtl::lab03::ring_all_reduce(*comm, torch::ones({3}));  // the happy path first
+  dtl::lab03::ring_all_reduce(*comm, torch::ones({3}, device_options()));  // the happy path first
   const int64_t numel = 4 * n + 1;
   const int64_t right_size = chunk_range(numel, n, comm->rank()).size();
   comm->reset_stats();
   EXPECT_THAT(error_of([&] {
-                dtl::lab03::ring_reduce_scatter(*comm, torch::empty({right_size + 1}),
-                                                torch::ones({numel}));
+                dtl::lab03::ring_reduce_scatter(*comm, torch::empty({right_size + 1}, device_options()),
+                                                torch::ones({numel}, device_options()));
               }),
               ::testing::HasSubstr("chunk"));
   EXPECT_THAT(error_of([&] {
-                dtl::lab03::ring_all_gather(*comm, torch::empty({numel}),
-                                            torch::ones({right_size + 2}));
+                dtl::lab03::ring_all_gather(*comm, torch::empty({numel}, device_options()),
+                                            torch::ones({right_size + 2}, device_options()));
               }),
               ::testing::HasSubstr("chunk"));
   EXPECT_THAT(error_of([&] {
-                dtl::lab03::ring_reduce_scatter(*comm, torch::empty({right_size}, torch::kInt64),
-                                                torch::ones({numel}));
+                dtl::lab03::ring_reduce_scatter(*comm, torch::empty({right_size}, device_options(torch::kInt64)),
+                                                torch::ones({numel}, device_options()));
               }),
               ::testing::HasSubstr("dtype"));
-  EXPECT_THAT(error_of([&] { dtl::lab03::ring_all_reduce(*comm, torch::ones({4}, torch::kBool)); }),
+  EXPECT_THAT(error_of([&] { dtl::lab03::ring_all_reduce(*comm, torch::ones({4}, device_options(torch::kBool))); }),
               ::testing::HasSubstr("dtype"));
   EXPECT_EQ(comm->stats().total_count(), 0) << "a rejected call must not send anything";
 }

@@ -23,15 +23,16 @@ using dtl::Comm;
 using dtl::OpType;
 using dtl::ReduceOp;
 
-// A fresh Comm per test: its stats start at zero, and a buggy algorithm that leaves a message
-// unreceived cannot break the tests after it.
-inline std::shared_ptr<Comm> fresh_comm() { return dtl::world().dup(); }
+using dtl::testing::device;          // the Runtime's device
+using dtl::testing::device_options;  // dtype + the Runtime's device
+using dtl::testing::fresh_comm;      // a dup of the world per test
 
 // This rank's random contribution (torch's RNG is seeded with seed + rank, so ranks differ).
 // Integers span a wide range, yet every sum over 5 ranks stays exact (no overflow); 16-bit
 // floats hold small integers, whose sums are exact too. So only float32/float64 sums and
 // averages depend on the order of additions.
-inline torch::Tensor random_tensor(int64_t numel, torch::ScalarType dtype) {
+// Drawn on the CPU, then moved to the Runtime's device: a CUDA run reduces the same numbers.
+inline torch::Tensor random_cpu_tensor(int64_t numel, torch::ScalarType dtype) {
   switch (dtype) {
     case torch::kInt64:
       return torch::randint(-(int64_t{1} << 40), int64_t{1} << 40, {numel}, dtype);
@@ -47,6 +48,9 @@ inline torch::Tensor random_tensor(int64_t numel, torch::ScalarType dtype) {
     default:
       return torch::randn({numel}, dtype);
   }
+}
+inline torch::Tensor random_tensor(int64_t numel, torch::ScalarType dtype) {
+  return random_cpu_tensor(numel, dtype).to(device());
 }
 
 inline bool order_dependent(torch::ScalarType dtype, ReduceOp op) {

@@ -29,10 +29,8 @@ using dtl::lab04::DistributedDataParallel;
 using dtl::model::GPT;
 using dtl::model::GPTConfig;
 
-// A fresh Comm per test: its stats and op records hold this test's traffic only.
-inline std::shared_ptr<Comm> fresh_comm() { return dtl::world().dup(); }
-
-inline torch::Device device() { return dtl::Runtime::get().device(); }
+using dtl::testing::device;      // the Runtime's device
+using dtl::testing::fresh_comm;  // a dup of the world per test
 
 // AdamW for the equality tests. eps 1e-6: Adam divides by sqrt(v) + eps, which amplifies the
 // last-bit differences between a serial sum and a sum of shards for gradients near eps.

@@ -36,10 +36,8 @@ using dtl::lab05::StepStats;
 using dtl::model::GPT;
 using dtl::model::GPTConfig;
 
-// A fresh Comm per test: its stats and op records hold this test's traffic only.
-inline std::shared_ptr<Comm> fresh_comm() { return dtl::world().dup(); }
-
-inline torch::Device device() { return dtl::Runtime::get().device(); }
+using dtl::testing::device;      // the Runtime's device
+using dtl::testing::fresh_comm;  // a dup of the world per test
 
 // Builds the optimizer of one side of a comparison (the trainer's and the serial oracle's).
 using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(GPT&)>;

@@ -127,6 +127,7 @@ TEST(FitAlphaBeta, RecoversTheEmulatedIntraAndInterNodeLinks) {
   auto comm = fresh_comm();
   const int n = comm->size();
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  if (comm->backend() != "mpi") GTEST_SKIP() << "the network emulator shapes the MPI backend only";
   const LinkModel intra{10e-3, 20e6}, inter{25e-3, 5e6};
   const std::string links = "intra=20MB/s,10ms;inter=5MB/s,25ms";
   struct Case {
@@ -180,7 +181,7 @@ TEST(Hierarchy, RejectsALayoutThatDoesNotDivideTheRanks) {
   const std::string msg = error_of([&] { Hierarchy h(*comm, k); });
   EXPECT_THAT(msg, HasSubstr("ranks_per_node=" + std::to_string(k) + " does not divide " +
                              std::to_string(n) + " ranks"));
-  auto t = torch::ones({8});
+  auto t = torch::ones({8}, device_options());
   EXPECT_THAT(error_of([&] { dtl::lab07::hierarchical_all_reduce(*comm, k, t); }),
               HasSubstr("ranks_per_node=" + std::to_string(k)));
   EXPECT_EQ(comm->stats().total_count(), 0) << "a rejected call must not split or send anything: "
@@ -211,7 +212,7 @@ TEST(HierarchicalAllReduce, IntegerAverageTruncatesOnceLikeTheBuiltin) {
   const int n = comm->size();
   const int64_t values[] = {1, 2, 1, 0};
   for (int k : layouts(n)) {
-    auto t = torch::full({5}, values[comm->rank() % 4], torch::kInt64);
+    auto t = torch::full({5}, values[comm->rank() % 4], device_options(torch::kInt64));
     auto expected = t.clone();
     comm->all_reduce(expected, ReduceOp::Avg);
     dtl::lab07::hierarchical_all_reduce(*comm, k, t, ReduceOp::Avg);
@@ -240,9 +241,9 @@ TEST(HierarchicalAllReduce, OnlyOneChunkCrossesNodes) {
     Hierarchy h(*comm, k);
     comm->reset_stats();  // forget the splits: from here on, nothing may use comm itself
     const int64_t numel = 1001;  // not divisible by 2, 3 or 4
-    auto t = torch::ones({numel});
+    auto t = torch::ones({numel}, device_options());
     h.all_reduce(t);
-    EXPECT_TRUE(torch::equal(t, torch::full({numel}, static_cast<float>(n))));
+    EXPECT_TRUE(torch::equal(t, torch::full({numel}, static_cast<float>(n), device_options())));
     const auto local = h.local().stats(), cross = h.cross().stats();
     const int64_t S = numel * 4, chunk = dtl::split_range(numel, k, h.local().rank()).size() * 4;
     EXPECT_EQ(local[OpType::ReduceScatter].count, 1) << "k=" << k << ": " << local.to_string();
@@ -262,14 +263,14 @@ TEST(HierarchicalAllReduce, OnlyOneChunkCrossesNodes) {
 TEST(HierarchicalAllReduce, BuildsItsSubCommunicatorsOnce) {
   auto comm = fresh_comm();
   const int n = comm->size();
-  auto t = torch::ones({10});
+  auto t = torch::ones({10}, device_options());
   dtl::lab07::hierarchical_all_reduce(*comm, n, t);
   const int64_t splits = comm->stats()[OpType::Split].count;
   EXPECT_GE(splits, 1) << "the first call builds the hierarchy by splitting comm";
   for (int i = 0; i < 3; ++i) dtl::lab07::hierarchical_all_reduce(*comm, n, t);
   EXPECT_EQ(comm->stats()[OpType::Split].count, splits)
       << "later calls with the same (comm, ranks_per_node) must reuse the hierarchy";
-  DTL_EXPECT_EQUAL(t, torch::full({10}, std::pow(static_cast<float>(n), 4.0f)));
+  DTL_EXPECT_EQUAL(t, torch::full({10}, std::pow(static_cast<float>(n), 4.0f), device_options()));
   // Another ranks_per_node gets its own hierarchy, and both stay cached.
   dtl::lab07::hierarchical_all_reduce(*comm, 1, t);
   const int64_t both = comm->stats()[OpType::Split].count;
@@ -281,10 +282,10 @@ TEST(HierarchicalAllReduce, BuildsItsSubCommunicatorsOnce) {
   EXPECT_EQ(comm->stats()[OpType::Split].count, both);
   // Another Comm gets its own hierarchy too (and the right answer).
   auto other = fresh_comm();
-  auto u = torch::ones({3});
+  auto u = torch::ones({3}, device_options());
   dtl::lab07::hierarchical_all_reduce(*other, n, u);
   EXPECT_GE(other->stats()[OpType::Split].count, 1);
-  DTL_EXPECT_EQUAL(u, torch::full({3}, static_cast<float>(n)));
+  DTL_EXPECT_EQUAL(u, torch::full({3}, static_cast<float>(n), device_options()));
 }
 
 TEST(HierarchicalAllReduce, RejectsTensorsItCannotMove) {
@@ -292,7 +293,7 @@ TEST(HierarchicalAllReduce, RejectsTensorsItCannotMove) {
   EXPECT_THAT(error_of([&] { dtl::lab07::hierarchical_all_reduce(*comm, 1, torch::Tensor()); }),
               HasSubstr("tensor"));
   EXPECT_THAT(
-      error_of([&] { dtl::lab07::hierarchical_all_reduce(*comm, 1, torch::ones({4}, torch::kBool)); }),
+      error_of([&] { dtl::lab07::hierarchical_all_reduce(*comm, 1, torch::ones({4}, device_options(torch::kBool))); }),
       HasSubstr("dtype"));
 }
 

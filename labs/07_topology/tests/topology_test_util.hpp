@@ -28,9 +28,9 @@ using dtl::ReduceOp;
 using dtl::lab07::LinkModel;
 using dtl::lab07::Topology;
 
-// A fresh Comm per test: its stats start at zero, and a buggy algorithm that leaves a message
-// unreceived cannot break the tests after it.
-inline std::shared_ptr<Comm> fresh_comm() { return dtl::world().dup(); }
+using dtl::testing::device;          // the Runtime's device
+using dtl::testing::device_options;  // dtype + the Runtime's device
+using dtl::testing::fresh_comm;      // a dup of the world per test
 
 // Sets a network-emulator spec on every rank for one scope and turns it off afterwards.
 struct NetGuard {
@@ -44,14 +44,16 @@ struct NetGuard {
 // values are small enough that sums over 4 ranks never overflow, and 16-bit floats carry small
 // integers, whose sums are exact: only float32/float64 sums and averages depend on the order
 // in which the additions happen.
+// Drawn on the CPU, then moved to the Runtime's device (a CUDA run reduces the same numbers).
 inline torch::Tensor contribution(int64_t numel, torch::ScalarType dtype) {
-  if (dtype == torch::kFloat32 || dtype == torch::kFloat64) return torch::randn({numel}, dtype);
+  if (dtype == torch::kFloat32 || dtype == torch::kFloat64)
+    return torch::randn({numel}, dtype).to(device());
   const int64_t hi = dtype == torch::kInt64 ? (int64_t{1} << 40)
                      : dtype == torch::kInt32 ? 1'000'000
                      : dtype == torch::kUInt8 ? 60
                                               : 30;  // int8, float16, bfloat16
   const int64_t lo = dtype == torch::kUInt8 ? 0 : -hi;
-  return torch::randint(lo, hi + 1, {numel}, torch::kInt64).to(dtype);
+  return torch::randint(lo, hi + 1, {numel}, torch::kInt64).to(dtype).to(device());
 }
 
 // The hierarchical result against Comm::all_reduce's: bitwise wherever the arithmetic is exact

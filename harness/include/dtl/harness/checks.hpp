@@ -9,21 +9,43 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "dtl/comm.hpp"
 #include "dtl/error.hpp"
+#include "dtl/runtime.hpp"
 
 namespace dtl::testing {
+
+// A fresh Comm per test (a dup of the world): its stats and op records hold this test's traffic
+// only, and a buggy algorithm that leaves a message unreceived cannot break the tests after it.
+inline std::shared_ptr<Comm> fresh_comm() { return dtl::world().dup(); }
+
+// The device every test tensor and model lives on: the Runtime's (--device cpu|cuda). Draw
+// random data and build seeded models on the CPU, then move them here, so a CUDA run checks
+// the same numbers as a CPU run.
+inline torch::Device device() { return dtl::Runtime::get().device(); }
+inline torch::TensorOptions device_options(torch::ScalarType dtype = torch::kFloat32) {
+  return torch::TensorOptions().dtype(dtype).device(device());
+}
 
 // Default tolerances: float32 accumulations of the tiny test models in different orders.
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 
+// On CUDA every tolerance (default or explicit) is multiplied by this before comparing: cuBLAS
+// picks different kernels (tiling, split-K) for a full and a sharded matrix, so the serial
+// oracle and the parallel run sum in more different orders than on the CPU, and some backward
+// kernels (embedding, index_add) accumulate with atomics in a nondeterministic order. Exact
+// comparisons (tensors_equal) are never widened.
+constexpr double kCudaToleranceScale = 10.0;
+
 // gtest predicate-style comparison: shapes and dtypes must match, then
-// |actual - expected| <= atol + rtol * |expected| elementwise. The failure message names the
+// |actual - expected| <= atol + rtol * |expected| elementwise (x kCudaToleranceScale on CUDA). The failure message names the
 // worst element (flat index and multi-index), both values, and how many elements fail.
 ::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
                                          double rtol = kRtol, double atol = kAtol);
