@@ -18,8 +18,9 @@ namespace dtl::grade {
 namespace {
 
 // What lab code may call. C++ names are matched on their qualified name (no return type or
-// parameters), C names as they are.
-const char* const kAllowCpp = R"(^(std|__gnu_cxx|__cxxabiv1|at|c10|caffe2|torch|fmt|dtl)::.*)";
+// parameters), C names as they are. ska:: is the hash map inside c10's headers (IValue dicts,
+// an autograd Function's ctx->saved_data).
+const char* const kAllowCpp = R"(^(std|__gnu_cxx|__cxxabiv1|at|c10|caffe2|torch|fmt|dtl|ska)::.*)";
 const char* const kAllowC =
     R"(^(operator (new|delete)(\[\])?\(.*|_Unwind_Resume|__gxx_personality_v0|__dso_handle|)"
     R"(_GLOBAL_OFFSET_TABLE_|__libc_single_threaded|__tls_get_addr|__stack_chk_fail|)"
