@@ -1,0 +1,245 @@
+// Public tests of lab 08. Run: ./lab test 08   (world sizes 1, 2, 3 and 4; tp = the world)
+//
+// The oracles: for the operators, the sums and concatenations they stand for, computed from
+// every rank's known inputs; for the layers and the MLP, the serial layer from the same seed:
+// equal outputs, equal input gradients, and parameter gradients that are exactly this rank's
+// slices of the serial ones. Comm::stats() counts the collectives.
+#include "tensor_parallel.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "dtl/harness/checks.hpp"  // defines: serial, DTL_EXPECT_CLOSE, error_of
+#include "dtl/model.hpp"           // defines: GPTConfig, MLP (the serial oracle of Task 3)
+#include "tests/tp_test_util.hpp"
+
+namespace dtl::lab08 {
+namespace {
+
+using namespace lab08_test;  // NOLINT: serial_linear, same_input, mine, fresh_comm, ...
+using ::testing::HasSubstr;
+
+// ---------------------------------------------------------------- Task 1
+
+// f: identity forward, no communication; backward sums the ranks' gradients.
+TEST(CopyToTP, IdentityForwardAllReduceBackward) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  const torch::Tensor x = same_input({3, 5}, 1).requires_grad_(true);
+  const auto before = comm->stats();
+  const torch::Tensor y = copy_to_tp(x, *comm);
+  EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 0) << "forward must not communicate";
+  DTL_EXPECT_EQUAL(y, x);
+  EXPECT_NE(y.data_ptr(), x.data_ptr()) << "a new tensor, not the input itself";
+  // Rank r weighs the output by (r + 1): dL/dx = sum over ranks of (r + 1) = n (n + 1) / 2.
+  (y * static_cast<double>(r + 1)).sum().backward();
+  EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), n > 1 ? 1 : 0)
+      << "one all-reduce in backward (none at tp 1)";
+  DTL_EXPECT_CLOSE(x.grad(), torch::full({3, 5}, n * (n + 1) / 2.0, device_options()));
+}
+
+// g: sum forward; backward passes the gradient through untouched, no communication.
+TEST(ReduceFromTP, AllReduceForwardIdentityBackward) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  const torch::Tensor x = torch::full({4, 2}, static_cast<float>(r + 1), device_options())
+                              .requires_grad_(true);
+  const torch::Tensor y = reduce_from_tp(x, *comm);
+  DTL_EXPECT_CLOSE(y, torch::full({4, 2}, n * (n + 1) / 2.0, device_options()));
+  DTL_EXPECT_EQUAL(x, torch::full({4, 2}, static_cast<float>(r + 1), device_options()))
+      << "the input must stay as it was";
+  const auto before = comm->stats();
+  const torch::Tensor w = rank_input({4, 2});
+  (y * w).sum().backward();
+  EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 0) << "backward must not communicate";
+  DTL_EXPECT_CLOSE(x.grad(), w);
+}
+
+// Keep my slice of the last dimension; backward reassembles the full gradient on every rank.
+TEST(ScatterToTP, KeepsTheSliceAndGathersTheGradient) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  const torch::Tensor x = same_input({2, 3, 4 * n}, 2).requires_grad_(true);
+  const torch::Tensor y = scatter_to_tp(x, *comm);
+  ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
+  DTL_EXPECT_EQUAL(y, x.narrow(-1, 4 * r, 4));
+  // Rank q's output gradient is all (q + 1): the input gradient is block q = q + 1.
+  y.backward(torch::full({2, 3, 4}, static_cast<float>(r + 1), device_options()));
+  std::vector<torch::Tensor> blocks;
+  for (int q = 0; q < n; ++q)
+    blocks.push_back(torch::full({2, 3, 4}, static_cast<float>(q + 1), device_options()));
+  DTL_EXPECT_EQUAL(x.grad(), torch::cat(blocks, -1));
+}
+
+// Gather along the last dimension in rank order; backward keeps my slice.
+TEST(GatherFromTP, ConcatenatesInRankOrderAndSlicesTheGradient) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  // Rank q contributes [3, 2] filled with 10 q + column index.
+  auto piece = [&](int q) {
+    return (torch::arange(2, device_options()) + 10.0 * q).expand({3, 2}).contiguous();
+  };
+  const torch::Tensor x = piece(r).requires_grad_(true);
+  const torch::Tensor y = gather_from_tp(x, *comm);
+  std::vector<torch::Tensor> all;
+  for (int q = 0; q < n; ++q) all.push_back(piece(q));
+  DTL_EXPECT_EQUAL(y, torch::cat(all, -1));
+  const torch::Tensor g = same_input({3, 2 * n}, 3);
+  y.backward(g);
+  DTL_EXPECT_EQUAL(x.grad(), g.narrow(-1, 2 * r, 2));
+}
+
+TEST(ScatterToTP, RejectsALastDimensionTpDoesNotDivide) {
+  auto comm = fresh_comm();
+  if (comm->size() == 1) GTEST_SKIP() << "every size divides by 1";
+  const torch::Tensor x = torch::ones({2, comm->size() + 1}, device_options());
+  const std::string msg = testing::error_of([&] { scatter_to_tp(x, *comm); });
+  EXPECT_THAT(msg, HasSubstr("divisible"));
+  EXPECT_THAT(msg, HasSubstr("last dimension"));
+}
+
+// ---------------------------------------------------------------- Task 2
+
+// Column parallel against the serial Linear: output (gathered or this rank's slice), input
+// gradient, and the weight and bias gradients as this rank's rows.
+void expect_column_matches_serial(bool gather_output, bool bias) {
+  auto comm = fresh_comm();
+  const Range rows = mine(kOut, *comm);
+  torch::nn::Linear serial = serial_linear(kIn, kOut, bias, 10);
+  ColumnParallelLinear col(serial->weight, bias ? serial->bias : torch::Tensor(), *comm,
+                           gather_output);
+  EXPECT_EQ(col->weight.sizes().vec(), (std::vector<int64_t>{rows.size(), kIn}));
+  EXPECT_EQ(col->named_parameters().size(), bias ? 2u : 1u);
+
+  const torch::Tensor x = same_input({5, kIn}, 11);
+  const torch::Tensor xs = x.clone().requires_grad_(true), xp = x.clone().requires_grad_(true);
+  const torch::Tensor ys = serial(xs), yp = col(xp);
+  // The same loss on both sides: a fixed weighting of the full output.
+  const torch::Tensor w = same_input({5, kOut}, 12);
+  (ys * w).sum().backward();
+  if (gather_output) {
+    DTL_EXPECT_CLOSE(yp, ys);
+    (yp * w).sum().backward();
+  } else {
+    DTL_EXPECT_CLOSE(yp, ys.narrow(-1, rows.begin, rows.size()));
+    (yp * w.narrow(-1, rows.begin, rows.size())).sum().backward();
+  }
+  DTL_EXPECT_CLOSE(xp.grad(), xs.grad()) << "the input gradient must be the full serial one";
+  DTL_EXPECT_CLOSE(col->weight.grad(), serial->weight.grad().narrow(0, rows.begin, rows.size()));
+  if (bias) {
+    DTL_EXPECT_CLOSE(col->bias.grad(), serial->bias.grad().narrow(0, rows.begin, rows.size()));
+  }
+}
+
+TEST(ColumnParallelLinear, SplitOutputMatchesTheSerialSlice) { expect_column_matches_serial(false, true); }
+TEST(ColumnParallelLinear, GatheredOutputMatchesSerial) { expect_column_matches_serial(true, true); }
+TEST(ColumnParallelLinear, WithoutBias) { expect_column_matches_serial(false, false); }
+
+// Row parallel against the serial Linear: the output is the full serial output on every rank.
+void expect_row_matches_serial(bool input_is_parallel, bool bias) {
+  auto comm = fresh_comm();
+  const Range cols = mine(kIn, *comm);
+  torch::nn::Linear serial = serial_linear(kIn, kOut, bias, 20);
+  RowParallelLinear row(serial->weight, bias ? serial->bias : torch::Tensor(), *comm,
+                        input_is_parallel);
+  EXPECT_EQ(row->weight.sizes().vec(), (std::vector<int64_t>{kOut, cols.size()}));
+
+  const torch::Tensor x = same_input({2, 3, kIn}, 21);
+  const torch::Tensor xs = x.clone().requires_grad_(true);
+  const torch::Tensor xp = (input_is_parallel ? x.narrow(-1, cols.begin, cols.size()) : x)
+                               .clone()
+                               .requires_grad_(true);
+  const torch::Tensor ys = serial(xs), yp = row(xp);
+  DTL_EXPECT_CLOSE(yp, ys);
+  const torch::Tensor w = same_input({2, 3, kOut}, 22);
+  (ys * w).sum().backward();
+  (yp * w).sum().backward();
+  const torch::Tensor x_grad = input_is_parallel ? xs.grad().narrow(-1, cols.begin, cols.size())
+                                                 : xs.grad();
+  DTL_EXPECT_CLOSE(xp.grad(), x_grad);
+  DTL_EXPECT_CLOSE(row->weight.grad(), serial->weight.grad().narrow(1, cols.begin, cols.size()));
+  if (bias) {
+    DTL_EXPECT_CLOSE(row->bias.grad(), serial->bias.grad()) << "the bias is not split";
+  }
+}
+
+TEST(RowParallelLinear, ParallelInputMatchesSerial) { expect_row_matches_serial(true, true); }
+TEST(RowParallelLinear, FullInputMatchesSerial) { expect_row_matches_serial(false, true); }
+TEST(RowParallelLinear, WithoutBias) { expect_row_matches_serial(true, false); }
+
+TEST(ParallelLinear, RejectSizesTpDoesNotDivideAndWrongInputs) {
+  auto comm = fresh_comm();
+  const int n = comm->size();
+  torch::nn::Linear serial = serial_linear(kIn, kOut, true, 30);
+  if (n > 1) {
+    torch::nn::Linear odd = serial_linear(kIn, n + 1, true, 31);  // n + 1 outputs
+    std::string msg = testing::error_of(
+        [&] { ColumnParallelLinear(odd->weight, odd->bias, *comm, false); });
+    EXPECT_THAT(msg, HasSubstr("divisible"));
+    EXPECT_THAT(msg, HasSubstr("out_features"));
+    torch::nn::Linear odd_in = serial_linear(n + 1, kOut, true, 32);  // n + 1 inputs
+    msg = testing::error_of([&] { RowParallelLinear(odd_in->weight, odd_in->bias, *comm, true); });
+    EXPECT_THAT(msg, HasSubstr("divisible"));
+    EXPECT_THAT(msg, HasSubstr("in_features"));
+  }
+  ColumnParallelLinear col(serial->weight, serial->bias, *comm, false);
+  EXPECT_THAT(testing::error_of([&] { col(torch::ones({2, kIn + 1}, device_options())); }),
+              HasSubstr("in_features"));
+  RowParallelLinear row(serial->weight, serial->bias, *comm, false);
+  EXPECT_THAT(testing::error_of([&] { row(torch::ones({2, kIn / n + 1}, device_options())); }),
+              HasSubstr("in_features"));
+}
+
+// ---------------------------------------------------------------- Task 3
+
+// The serial MLP of the course GPT (d 24, ff 96) from its seeded init.
+dtl::model::MLP serial_mlp() {
+  dtl::model::GPTConfig cfg = dtl::model::GPTConfig::tiny();
+  cfg.d_model = kIn;
+  cfg.n_head = 2;
+  dtl::model::MLP m(cfg);
+  dtl::model::init_parameters(*m, cfg, "blocks.0.mlp.");
+  m->to(device());
+  return m;
+}
+
+TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
+  auto comm = fresh_comm();
+  dtl::model::MLP serial = serial_mlp();
+  TensorParallelMLP tp(serial->fc->weight, serial->fc->bias, serial->proj->weight,
+                       serial->proj->bias, *comm);
+  const int64_t ff = serial->fc->weight.size(0);
+  const Range hidden = mine(ff, *comm);
+
+  const torch::Tensor x = same_input({2, 4, kIn}, 40);
+  const torch::Tensor xs = x.clone().requires_grad_(true), xp = x.clone().requires_grad_(true);
+  const auto before = comm->stats();
+  const torch::Tensor yp = tp(xp);
+  const int64_t forward_reduces = count_since(before, *comm, OpType::AllReduce);
+  const torch::Tensor ys = serial(xs);
+  DTL_EXPECT_CLOSE(yp, ys);
+  const torch::Tensor w = same_input({2, 4, kIn}, 41);
+  (ys * w).sum().backward();
+  (yp * w).sum().backward();
+  if (comm->size() > 1) {
+    EXPECT_EQ(forward_reduces, 1) << "forward: only proj's all-reduce";
+    EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 2)
+        << "backward: only the all-reduce of x's gradient (fc's copy_to_tp)";
+    EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "") << "no other communication";
+  }
+  DTL_EXPECT_CLOSE(xp.grad(), xs.grad());
+  DTL_EXPECT_CLOSE(tp->fc->weight.grad(),
+                   serial->fc->weight.grad().narrow(0, hidden.begin, hidden.size()));
+  DTL_EXPECT_CLOSE(tp->proj->weight.grad(),
+                   serial->proj->weight.grad().narrow(1, hidden.begin, hidden.size()));
+  DTL_EXPECT_CLOSE(tp->proj->bias.grad(), serial->proj->bias.grad());
+  std::vector<std::string> names;
+  for (const auto& p : tp->named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names, (std::vector<std::string>{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}));
+}
+
+}  // namespace
+}  // namespace dtl::lab08
