@@ -175,8 +175,8 @@ TEST(Policies, BlockForwardIsBitwiseTheBlock) {
   }
 }
 
-// Three AdamW steps with dropout: every parameter bitwise equal to plain training after each
-// step, for every policy; and the ranks (each a replica from the same seed) agree.
+// Three AdamW steps with dropout, for every policy: each step's loss and the final parameters
+// bitwise those of plain training; and the ranks (each a replica from the same seed) agree.
 TEST(Policies, TrainingIsBitwisePlainTraining) {
   const GPTConfig cfg = config(2, 32, 2, 64, 32);
   const torch::Tensor batch = dtl::testing::serial(5, [&] {
