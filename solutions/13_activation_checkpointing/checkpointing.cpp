@@ -128,7 +128,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
 torch::Tensor checkpoint(const CheckpointFn& fn, const std::vector<torch::Tensor>& inputs) {
   DTL_CHECK(fn != nullptr, "checkpoint: fn is empty");
-  DTL_CHECK(!inputs.empty(), "checkpoint: needs at least one input tensor");
+  DTL_CHECK(!inputs.empty(), "checkpoint: inputs is empty: it needs at least one tensor");
   for (size_t i = 0; i < inputs.size(); ++i) {
     DTL_CHECK(inputs[i].defined(), fmt::format("checkpoint: input {} is undefined", i));
   }
