@@ -25,7 +25,7 @@
 namespace dtl::lab13 {
 namespace {
 
-using namespace lab13::testing;  // NOLINT: config, name, on_cpu, measure_step
+using namespace lab13::testing;  // NOLINT: config, name, on_cpu, dev, measure_step
 using dtl::testing::error_of;
 using ::testing::HasSubstr;
 
@@ -44,8 +44,8 @@ CheckpointFn mlp_piece(const torch::Tensor& w, double p) {
 
 TEST(Checkpoint, OutputAndGradientsAreBitwiseThoseWithoutIt) {
   torch::manual_seed(0);
-  const torch::Tensor x0 = torch::randn({16, 24}), s0 = torch::randn({16, 24});
-  const torch::Tensor w0 = torch::randn({24, 40});
+  const torch::Tensor x0 = torch::randn({16, 24}, dev()), s0 = torch::randn({16, 24}, dev());
+  const torch::Tensor w0 = torch::randn({24, 40}, dev());
   auto run = [&](bool use_checkpoint) {
     torch::Tensor x = x0.clone().requires_grad_(true), s = s0.clone().requires_grad_(true);
     torch::Tensor w = w0.clone().requires_grad_(true);
@@ -70,7 +70,7 @@ TEST(Checkpoint, RunsFnOnceInForwardAndOnceInBackward) {
     ++calls;
     return (in[0] * in[0]).sin();
   };
-  torch::Tensor x = torch::randn({8}).requires_grad_(true);
+  torch::Tensor x = torch::randn({8}, dev()).requires_grad_(true);
   torch::Tensor out = checkpoint(fn, {x});
   EXPECT_EQ(calls, 1) << "forward must run fn once";
   EXPECT_TRUE(out.requires_grad()) << "the output must require grad when an input does";
@@ -103,7 +103,7 @@ TEST(Checkpoint, KeepsOnlyItsInputs) {
 }
 
 TEST(Checkpoint, ReplaysTwoDropoutsAndLeavesTheRandomStreamAsWithoutIt) {
-  const torch::Tensor x0 = torch::randn({32, 32});
+  const torch::Tensor x0 = torch::randn({32, 32}, dev());
   // Two dropout calls in one fn: both masks must be replayed in backward.
   const CheckpointFn fn = [](const std::vector<torch::Tensor>& in) {
     return torch::dropout(in[0], 0.5, true) * torch::dropout(in[0].cos(), 0.25, true);
@@ -112,10 +112,11 @@ TEST(Checkpoint, ReplaysTwoDropoutsAndLeavesTheRandomStreamAsWithoutIt) {
     torch::Tensor x = x0.clone().requires_grad_(true);
     torch::manual_seed(7);
     torch::Tensor out = use_checkpoint ? checkpoint(fn, {x}) : fn({x});
-    torch::Tensor between = torch::rand({16});  // training draws between forward and backward
+    torch::Tensor between =
+        torch::rand({16}, dev());  // training draws between forward and backward
     (out.sum() + between.sum()).backward();
     // What the rest of training draws next: backward must not have moved the stream.
-    const torch::Tensor next = torch::rand({16});
+    const torch::Tensor next = torch::rand({16}, dev());
     return std::make_pair(x.grad(), next);
   };
   const auto plain = run(false);
@@ -127,8 +128,8 @@ TEST(Checkpoint, ReplaysTwoDropoutsAndLeavesTheRandomStreamAsWithoutIt) {
 }
 
 TEST(Checkpoint, InputsThatNeedNoGradientGetNone) {
-  torch::Tensor x = torch::randn({4, 6});  // data: no grad
-  torch::Tensor w = torch::randn({6, 3}).requires_grad_(true);
+  torch::Tensor x = torch::randn({4, 6}, dev());  // data: no grad
+  torch::Tensor w = torch::randn({6, 3}, dev()).requires_grad_(true);
   torch::Tensor w_plain = w.detach().clone().requires_grad_(true);
   const CheckpointFn fn = [](const std::vector<torch::Tensor>& in) {
     return torch::matmul(in[0], in[1]).relu();

@@ -33,6 +33,12 @@ inline std::string name(const GPTConfig& c, int64_t B, int64_t T) {
          " dropout=" + std::to_string(c.dropout);
 }
 
+// The Runtime's device: Task 1's tests run there (on CUDA, the checkpoint must replay the CUDA
+// generator too).
+inline torch::TensorOptions dev() {
+  return torch::TensorOptions().device(dtl::Runtime::get().device());
+}
+
 // The tracker counts CPU memory only: on a GPU runtime the measuring tests have nothing to read.
 inline bool on_cpu() { return dtl::Runtime::get().device().is_cpu(); }
 
