@@ -1,0 +1,69 @@
+// Shared by lab 13's public and grading tests: model shapes and a measured step.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpointing.hpp"
+#include "dtl/memory.hpp"
+#include "dtl/runtime.hpp"
+
+namespace dtl::lab13::testing {
+
+// A course GPT with the given layers, width, heads, vocabulary and context; dropout on.
+inline GPTConfig config(int64_t layers, int64_t d, int64_t heads, int64_t vocab, int64_t seq_len,
+                        double dropout = 0.1) {
+  GPTConfig c;
+  c.n_layer = layers;
+  c.d_model = d;
+  c.n_head = heads;
+  c.vocab_size = vocab;
+  c.seq_len = seq_len;
+  c.dropout = dropout;
+  return c;
+}
+
+inline std::string name(const GPTConfig& c, int64_t B, int64_t T) {
+  return "L=" + std::to_string(c.n_layer) + " d=" + std::to_string(c.d_model) +
+         " H=" + std::to_string(c.n_head) + " V=" + std::to_string(c.vocab_size) +
+         " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+         " dropout=" + std::to_string(c.dropout);
+}
+
+// The Runtime's device: Task 1's tests run there (on CUDA, the checkpoint must replay the CUDA
+// generator too).
+inline torch::TensorOptions dev() {
+  return torch::TensorOptions().device(dtl::Runtime::get().device());
+}
+
+// The tracker counts CPU memory only: on a GPU runtime the measuring tests have nothing to read.
+inline bool on_cpu() { return dtl::Runtime::get().device().is_cpu(); }
+
+struct MeasuredStep {
+  int64_t saved = 0;  // live bytes at the end of forward, above those before it
+  int64_t peak = 0;   // the tracker's peak during forward + backward, above the same
+};
+
+// One forward (gpt_loss under `policy`) and backward of a fresh model(cfg) in train mode, with
+// the gradients allocated beforehand (as from the second step of training on), dropout seeded.
+inline MeasuredStep measure_step(const GPTConfig& cfg, int64_t B, int64_t T, Policy policy) {
+  dtl::memory::install();
+  torch::manual_seed(1);
+  torch::Tensor tokens = torch::randint(cfg.vocab_size, {B, T + 1}, torch::kInt64);
+  GPT model(cfg);
+  model->train();
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  const auto before = static_cast<int64_t>(dtl::memory::current_bytes());
+  dtl::memory::reset_peak();
+  MeasuredStep m;
+  torch::Tensor loss = gpt_loss(model, tokens, policy);
+  m.saved = static_cast<int64_t>(dtl::memory::current_bytes()) - before;
+  loss.backward();
+  m.peak = static_cast<int64_t>(dtl::memory::peak_bytes()) - before;
+  return m;
+}
+
+}  // namespace dtl::lab13::testing
