@@ -9,11 +9,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 
 #include "dtl/error.hpp"
+#include "dtl/timer.hpp"  // defines: DeviceTimer
 #include "stage_state.hpp"
 
 namespace dtl::lab11 {
@@ -154,7 +154,6 @@ StepStats fill_drain_step(PipelineStage& stage, torch::optim::Optimizer& optimiz
             fmt::format("fill_drain_step: micro_batches={} must be >= 1 and divide the batch of "
                         "{} rows",
                         m, B));
-  using clock = std::chrono::steady_clock;
   const int64_t rows = B / m;
   StepStats st;
   st.micro_batches = m;
@@ -162,7 +161,7 @@ StepStats fill_drain_step(PipelineStage& stage, torch::optim::Optimizer& optimiz
 
   // Fill: every micro-batch forward. Stage s starts micro-batch 0 only once stages 0..s-1 have
   // run it, so stage s idles for s slots here, and for p-1-s slots at the start of the drain.
-  const auto t0 = clock::now();
+  DeviceTimer timer;  // on a GPU the phases end when their kernels did, not when they were queued
   double loss_sum = 0;
   for (int64_t k = 0; k < m; ++k) {
     torch::Tensor loss = stage.forward(global_batch.narrow(0, k * rows, rows));
@@ -170,11 +169,10 @@ StepStats fill_drain_step(PipelineStage& stage, torch::optim::Optimizer& optimiz
   }
   // Drain: the backwards, newest first (the last stage can start the moment its last forward
   // ends). 1/m makes the accumulated gradient that of the mean over the global batch.
-  const auto t1 = clock::now();
+  st.forward_seconds = timer.seconds();
+  timer.reset();
   for (int64_t k = m - 1; k >= 0; --k) stage.backward(k, 1.0 / static_cast<double>(m));
-  const auto t2 = clock::now();
-  st.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
-  st.backward_seconds = std::chrono::duration<double>(t2 - t1).count();
+  st.backward_seconds = timer.seconds();
   st.peak_in_flight = stage.peak_in_flight();
 
   // The tied embedding lives on the first stage (input) and the last (head): each saw only its
