@@ -28,7 +28,6 @@ torch::Tensor all_reduce_sum(const torch::Tensor& t, Comm& tp) {
 
 // This rank's slice of the last dimension, as its own contiguous tensor.
 torch::Tensor my_slice(const torch::Tensor& t, Comm& tp) {
-  DTL_CHECK(t.dim() >= 1, "tensor parallel: the input needs at least one dimension");
   const Range r = shard_of(t.size(-1), tp.size(), tp.rank(), "last dimension");
   return t.narrow(-1, r.begin, r.size()).contiguous();
 }
@@ -37,7 +36,6 @@ torch::Tensor my_slice(const torch::Tensor& t, Comm& tp) {
 // in rank order, i.e. along a new FIRST dimension [tp, ..., k]; the slices belong on the LAST
 // one, so they are moved there (one copy, as Megatron's _gather_along_last_dim does).
 torch::Tensor gather_last_dim(const torch::Tensor& t, Comm& tp) {
-  DTL_CHECK(t.dim() >= 1, "tensor parallel: the input needs at least one dimension");
   if (tp.size() == 1) return t.clone();
   torch::Tensor local = t.contiguous();
   std::vector<int64_t> stacked = {tp.size()};

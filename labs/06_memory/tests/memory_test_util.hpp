@@ -3,19 +3,14 @@
 
 #include <cstdint>
 
+#include "dtl/harness/checks.hpp"  // defines: gpt_config
 #include "memory.hpp"
 
 namespace dtl::lab06::testing {
 
 // A course GPT with the given layers, width, heads, vocabulary and context.
 inline GPTConfig config(int64_t layers, int64_t d, int64_t heads, int64_t vocab, int64_t seq_len) {
-  GPTConfig c;
-  c.n_layer = layers;
-  c.d_model = d;
-  c.n_head = heads;
-  c.vocab_size = vocab;
-  c.seq_len = seq_len;
-  return c;
+  return dtl::testing::gpt_config(layers, d, heads, vocab, seq_len);
 }
 
 }  // namespace dtl::lab06::testing

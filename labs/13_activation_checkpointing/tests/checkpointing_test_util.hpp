@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "checkpointing.hpp"
+#include "dtl/harness/checks.hpp"  // defines: gpt_config, device
 #include "dtl/memory.hpp"
 #include "dtl/runtime.hpp"
 
@@ -16,14 +17,7 @@ namespace dtl::lab13::testing {
 // A course GPT with the given layers, width, heads, vocabulary and context; dropout on.
 inline GPTConfig config(int64_t layers, int64_t d, int64_t heads, int64_t vocab, int64_t seq_len,
                         double dropout = 0.1) {
-  GPTConfig c;
-  c.n_layer = layers;
-  c.d_model = d;
-  c.n_head = heads;
-  c.vocab_size = vocab;
-  c.seq_len = seq_len;
-  c.dropout = dropout;
-  return c;
+  return dtl::testing::gpt_config(layers, d, heads, vocab, seq_len, dropout);
 }
 
 inline std::string name(const GPTConfig& c, int64_t B, int64_t T) {
@@ -36,7 +30,7 @@ inline std::string name(const GPTConfig& c, int64_t B, int64_t T) {
 // The Runtime's device: Task 1's tests run there (on CUDA, the checkpoint must replay the CUDA
 // generator too).
 inline torch::TensorOptions dev() {
-  return torch::TensorOptions().device(dtl::Runtime::get().device());
+  return torch::TensorOptions().device(dtl::testing::device());
 }
 
 // The tracker counts CPU memory only: on a GPU runtime the measuring tests have nothing to read.

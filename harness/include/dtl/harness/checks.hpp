@@ -17,6 +17,7 @@
 
 #include "dtl/comm.hpp"
 #include "dtl/error.hpp"
+#include "dtl/model.hpp"
 #include "dtl/runtime.hpp"
 
 namespace dtl::testing {
@@ -29,6 +30,20 @@ inline std::shared_ptr<Comm> fresh_comm() { return dtl::world().dup(); }
 // random data and build seeded models on the CPU, then move them here, so a CUDA run checks
 // the same numbers as a CPU run.
 inline torch::Device device() { return dtl::Runtime::get().device(); }
+// A course GPT with the given layers, width, heads, vocabulary, context and dropout (the rest
+// GPTConfig's defaults): the test configurations of the memory labs (06, 13).
+inline model::GPTConfig gpt_config(int64_t layers, int64_t d, int64_t heads, int64_t vocab,
+                                   int64_t seq_len, double dropout = 0.0) {
+  model::GPTConfig c;
+  c.n_layer = layers;
+  c.d_model = d;
+  c.n_head = heads;
+  c.vocab_size = vocab;
+  c.seq_len = seq_len;
+  c.dropout = dropout;
+  return c;
+}
+
 inline torch::TensorOptions device_options(torch::ScalarType dtype = torch::kFloat32) {
   return torch::TensorOptions().dtype(dtype).device(device());
 }
