@@ -1,0 +1,111 @@
+// labs/09_tp_transformer/tests/tpt_test_util.hpp — helpers shared by the public tests
+// (tp_transformer_test.cpp) and the grading tests (grading/09_tp_transformer/).
+//
+// The oracle of every test: the serial course GPT (dtl::model::GPT) from the same seed, with its
+// biases and LayerNorm parameters perturbed (a fresh GPT has zero biases and unit LayerNorm
+// weights, which would hide a wrongly sliced bias), the same on every rank. The tensor-parallel
+// side must give the same loss, its vocabulary columns of the same logits, and parameter
+// gradients that are exactly its shards of the serial gradients (expected_shard says which).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+#include "dtl/harness/checks.hpp"
+#include "dtl/model.hpp"
+#include "tests/tp_test_util.hpp"  // lab 08's: fresh_comm, count_since, others_since, mine
+#include "tp_transformer.hpp"
+
+namespace lab09_test {
+
+using namespace lab08_test;  // NOLINT: fresh_comm, count_since, others_since, device, ...
+using dtl::model::GPT;
+using dtl::model::GPTConfig;
+
+// A GPT every tp of 1-4 divides: 12 heads of 4, d_ff 192, vocabulary 96.
+inline GPTConfig config(int64_t layers = 2, bool tied = true, bool bias = true) {
+  GPTConfig c = dtl::testing::gpt_config(layers, /*d=*/48, /*heads=*/12, /*vocab=*/96,
+                                         /*seq_len=*/16);
+  c.tied_head = tied;
+  c.bias = bias;
+  return c;
+}
+
+// The serial GPT of `cfg`, the same on every rank, with every 1-D parameter (biases, LayerNorm)
+// moved off its initial constant by seeded noise; on the Runtime's device.
+inline GPT serial_gpt(const GPTConfig& cfg, uint64_t noise_seed = 99) {
+  GPT gpt(cfg);
+  torch::Generator gen = at::detail::createCPUGenerator(noise_seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : gpt->named_parameters())
+    if (p.value().dim() == 1) p.value().add_(torch::randn(p.value().sizes(), gen) * 0.1);
+  gpt->to(dtl::testing::device());
+  return gpt;
+}
+
+// Token ids [B, T] in [0, vocab), the same on every rank, on the Runtime's device.
+inline torch::Tensor same_tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  torch::Generator gen = at::detail::createCPUGenerator(seed);
+  return torch::randint(vocab, {B, T}, gen, torch::kInt64).to(dtl::testing::device());
+}
+
+inline bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// What tp rank `rank` must hold of the serial tensor `full` (a parameter or its gradient) named
+// `name`: vocabulary rows of the embedding and head, the head rows of qkv, column slices of the
+// row-parallel weights, rows of fc; everything else (LayerNorms, positions, row-parallel biases)
+// whole.
+inline torch::Tensor expected_shard(const std::string& name, const torch::Tensor& full,
+                                    const GPTConfig& cfg, int tp, int rank) {
+  auto rows = [&](int64_t size) {
+    const dtl::Range r = dtl::lab08::shard_of(size, tp, rank, "size");
+    return full.narrow(0, r.begin, r.size());
+  };
+  auto cols = [&](int64_t size) {
+    const dtl::Range r = dtl::lab08::shard_of(size, tp, rank, "size");
+    return full.narrow(1, r.begin, r.size());
+  };
+  if (name == "wte.weight" || name == "lm_head.weight") return rows(cfg.vocab_size);
+  if (ends_with(name, "attn.qkv.weight") || ends_with(name, "attn.qkv.bias")) {
+    const auto order = dtl::lab09::qkv_rows(cfg.d_model, cfg.n_head, tp, rank);
+    return full.index_select(0, torch::tensor(order, torch::kInt64).to(full.device()));
+  }
+  if (ends_with(name, "attn.proj.weight")) return cols(cfg.d_model);
+  if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias")) return rows(cfg.ff());
+  if (ends_with(name, "mlp.proj.weight")) return cols(cfg.ff());
+  return full;
+}
+
+// Every parameter of the tensor-parallel module must equal (or, grads = true, have the gradient
+// of) this rank's shard of the serial parameter of the same name; names must match one to one.
+// `prefix` is the modules' place in the GPT ("blocks.0.attn." for an attention).
+inline void expect_shards_of_serial(torch::nn::Module& tp_model, torch::nn::Module& serial,
+                                    const GPTConfig& cfg, int tp, int rank, bool grads,
+                                    const std::string& prefix = "", double rtol = 1e-4,
+                                    double atol = 1e-5) {
+  const auto full = serial.named_parameters();
+  const auto mine_params = tp_model.named_parameters();
+  EXPECT_EQ(mine_params.size(), full.size()) << "the parameter names must match the serial model's";
+  for (const auto& p : mine_params) {
+    const torch::Tensor* s = full.find(p.key());
+    ASSERT_NE(s, nullptr) << "no serial parameter named " << p.key();
+    if (grads) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
+      ASSERT_TRUE(s->grad().defined()) << "serial " << p.key() << " has no gradient";
+      DTL_EXPECT_CLOSE(p.value().grad(), expected_shard(prefix + p.key(), s->grad(), cfg, tp, rank),
+                       rtol, atol)
+          << "gradient of " << p.key();
+    } else {
+      DTL_EXPECT_CLOSE(p.value(), expected_shard(prefix + p.key(), *s, cfg, tp, rank), rtol, atol)
+          << p.key();
+    }
+  }
+}
+
+}  // namespace lab09_test
