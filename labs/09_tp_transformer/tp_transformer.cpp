@@ -47,9 +47,15 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::Tensor& full
   DTL_UNIMPLEMENTED("lab 09: VocabParallelEmbedding (Task 2)");
 }
 
-torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& idx) {
+torch::Tensor VocabParallelEmbeddingImpl::lookup_local(const torch::Tensor& idx) {
   // TODO(lab09): check the ids; look up the ids in my range (others: any valid row, then zero
-  // those rows); one all-reduce over tp puts the rows together.
+  // those rows). No communication here.
+  (void)idx;
+  DTL_UNIMPLEMENTED("lab 09: VocabParallelEmbedding::lookup_local (Task 2)");
+}
+
+torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& idx) {
+  // TODO(lab09): one all-reduce over tp puts the rows of lookup_local together.
   (void)idx;
   DTL_UNIMPLEMENTED("lab 09: VocabParallelEmbedding::forward (Task 2)");
 }

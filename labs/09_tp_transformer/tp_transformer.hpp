@@ -164,6 +164,11 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
   VocabParallelEmbeddingImpl(const torch::Tensor& full_weight, Comm& tp);
   torch::Tensor forward(const torch::Tensor& idx);
+  // This rank's part of the lookup, with no communication: [B, T, d], the rows of the ids in
+  // [vocab_begin, vocab_end), zero rows for the others (their gradient is 0 here). forward(idx)
+  // is reduce_from_tp(lookup_local(idx)); lab 10's sequence parallelism reduce-scatters it
+  // instead. Checks the ids like forward.
+  torch::Tensor lookup_local(const torch::Tensor& idx);
 
   int64_t vocab_size = 0;   // the full vocabulary
   int64_t vocab_begin = 0;  // this rank's range [vocab_begin, vocab_end)

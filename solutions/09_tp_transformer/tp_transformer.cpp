@@ -86,9 +86,9 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::Tensor& full
       full_weight.detach().narrow(0, rows.begin, rows.size()).clone().set_requires_grad(true));
 }
 
-torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& idx) {
+torch::Tensor VocabParallelEmbeddingImpl::lookup_local(const torch::Tensor& idx) {
   DTL_CHECK(idx.scalar_type() == torch::kInt64, "VocabParallelEmbedding: token ids must be int64");
-  // Every rank checks the same ids, so a bad id fails everywhere before the all-reduce.
+  // Every rank checks the same ids, so a bad id fails everywhere before any collective.
   DTL_CHECK(idx.numel() == 0 ||
                 (idx.min().item<int64_t>() >= 0 && idx.max().item<int64_t>() < vocab_size),
             fmt::format("VocabParallelEmbedding: a token id is outside [0, {})", vocab_size));
@@ -96,10 +96,12 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& idx) {
   // stays one dense gather, and the zeroed rows give those tokens no gradient here.
   const torch::Tensor foreign = (idx < vocab_begin).logical_or(idx >= vocab_end);
   const torch::Tensor local = (idx - vocab_begin).masked_fill(foreign, 0);
-  const torch::Tensor rows =
-      torch::nn::functional::embedding(local, weight).masked_fill(foreign.unsqueeze(-1), 0.0);
+  return torch::nn::functional::embedding(local, weight).masked_fill(foreign.unsqueeze(-1), 0.0);
+}
+
+torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& idx) {
   // Each token's row is non-zero on exactly one rank: the sum is the serial lookup.
-  return dtl::lab08::reduce_from_tp(rows, *tp_);
+  return dtl::lab08::reduce_from_tp(lookup_local(idx), *tp_);
 }
 
 // ---------------------------------------------------------------- Task 3

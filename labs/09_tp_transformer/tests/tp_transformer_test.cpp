@@ -105,6 +105,9 @@ TEST(VocabParallelEmbedding, EqualsTheSerialLookup) {
   const torch::Tensor idx = same_tokens(3, 40, V, 6);
   const torch::Tensor table = full.clone().requires_grad_(true);
   const torch::Tensor expected = torch::nn::functional::embedding(idx, table);
+  // This rank's part: its ids' rows, zeros elsewhere.
+  const torch::Tensor foreign = (idx < r.begin).logical_or(idx >= r.end).unsqueeze(-1);
+  DTL_EXPECT_CLOSE(emb->lookup_local(idx), expected.detach().masked_fill(foreign, 0.0));
   const torch::Tensor got = emb(idx);
   DTL_EXPECT_CLOSE(got, expected);
   const torch::Tensor w = same_input({3, 40, d}, 7);
