@@ -7,10 +7,7 @@
 
 #include <vector>
 
-#include "dtl/data.hpp"
 #include "dtl/harness/checks.hpp"
-#include "dtl/mesh.hpp"
-#include "dtl/optim.hpp"
 #include "tests/tpt_test_util.hpp"
 #include "tp_transformer.hpp"
 
@@ -21,66 +18,12 @@ using namespace lab09_test;  // NOLINT
 
 // Three AdamW steps on different batches: the losses and the parameters stay the serial ones.
 TEST(GradeTraining, ThreeAdamWStepsEqualSerial) {
-  auto comm = fresh_comm();
-  const GPTConfig cfg = config(2, /*tied=*/true);
-  GPT serial = serial_gpt(cfg);
-  TensorParallelGPT gpt(*serial, *comm);
-  auto opt = dtl::make_adamw(*gpt);
-  auto serial_opt = dtl::make_adamw(*serial);
-  for (int step = 0; step < 3; ++step) {
-    const torch::Tensor tokens = same_tokens(2, 13, cfg.vocab_size, 20 + step);
-    opt->zero_grad();
-    serial_opt->zero_grad();
-    const torch::Tensor loss = gpt->loss(tokens);
-    const torch::Tensor expected = serial->loss(tokens);
-    DTL_EXPECT_CLOSE(loss, expected, 1e-5, 1e-6) << "step " << step;
-    loss.backward();
-    expected.backward();
-    opt->step();
-    serial_opt->step();
-  }
-  // Adam divides by sqrt(v): where a gradient is ~0, summation-order noise moves the update by
-  // up to ~lr/100, so parameters compare at 1e-4 (one step of a wrong gradient moves them ~lr).
-  expect_shards_of_serial(*gpt, *serial, cfg, comm->size(), comm->rank(), /*grads=*/false, "", 1e-3,
-                          1e-4);
+  expect_training_equals_serial<TensorParallelGPT>(config(2, /*tied=*/true));
 }
 
-// dp x tp: the model's Comm is the tp sub-group of a mesh (not the world); each dp rank trains on
-// its rows of the global batch and gradients are averaged over dp. The loss trajectory and the
-// parameters follow serial training on the whole global batch.
+// dp x tp on a mesh: tp is a sub-group, the loss trajectory and the parameters follow serial.
 TEST(GradeMesh, DataTimesTensorParallelFollowsSerialTraining) {
-  const int world = dtl::world().size();
-  const int tp_size = world % 2 == 0 ? 2 : 1;
-  dtl::DeviceMesh mesh = dtl::DeviceMesh::megatron(dtl::world(), tp_size);
-  Comm& tp = mesh.comm("tp");
-  Comm& dp = mesh.comm("dp");
-  const GPTConfig cfg = config(2, /*tied=*/false);
-  GPT serial = serial_gpt(cfg);
-  TensorParallelGPT gpt(*serial, tp);
-  auto opt = dtl::make_adamw(*gpt);
-  auto serial_opt = dtl::make_adamw(*serial);
-  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 5);
-  const int64_t global = 2 * dp.size(), local = 2;
-  dtl::data::GlobalBatchSampler sampler(corpus, global, cfg.seq_len);
-  for (int step = 0; step < 3; ++step) {
-    opt->zero_grad();
-    const int64_t first = mesh.coord("dp") * local;
-    torch::Tensor loss = gpt->loss(sampler.rows(step, first, first + local).to(device()));
-    loss.backward();
-    for (auto& p : gpt->parameters())
-      if (dp.size() > 1) dp.all_reduce(p.grad(), dtl::ReduceOp::Avg);
-    opt->step();
-    torch::Tensor mean_loss = loss.detach().clone();
-    if (dp.size() > 1) dp.all_reduce(mean_loss, dtl::ReduceOp::Avg);
-
-    serial_opt->zero_grad();
-    torch::Tensor expected = serial->loss(sampler.global_batch_at(step).to(device()));
-    expected.backward();
-    serial_opt->step();
-    DTL_EXPECT_CLOSE(mean_loss, expected.detach(), 1e-5, 1e-6) << "step " << step;
-  }
-  expect_shards_of_serial(*gpt, *serial, cfg, tp.size(), tp.rank(), /*grads=*/false, "", 1e-3,
-                          1e-4);
+  expect_mesh_training_follows_serial<TensorParallelGPT>(config(2, /*tied=*/false), 3);
 }
 
 // float64 logits, every target owned by the last rank, a non-contiguous view as input.

@@ -256,36 +256,13 @@ TEST(ParallelBlock, EqualsTheSerialBlockWithTwoAllReducesEachWay) {
 }
 
 // The whole model: this rank's columns of the serial logits, the serial loss on every rank, and
-// every gradient a shard of the serial one.
-void expect_gpt_equals_serial(const GPTConfig& cfg) {
-  auto comm = fresh_comm();
-  GPT serial = serial_gpt(cfg);
-  TensorParallelGPT gpt(*serial, *comm);
-  expect_shards_of_serial(*gpt, *serial, cfg, comm->size(), comm->rank(), /*grads=*/false);
-  const torch::Tensor tokens = same_tokens(B, T + 1, cfg.vocab_size, 14);
-  const torch::Tensor idx = tokens.narrow(1, 0, T);
-
-  const torch::Tensor logits = gpt(idx);
-  const Range r = mine(cfg.vocab_size, *comm);
-  ASSERT_EQ(logits.sizes().vec(), (std::vector<int64_t>{B, T, r.size()}))
-      << "this rank's vocabulary columns only";
-  DTL_EXPECT_CLOSE(logits, serial(idx).narrow(-1, r.begin, r.size()), 1e-4, 1e-5);
-
-  const torch::Tensor loss = gpt->loss(tokens);
-  const torch::Tensor expected = serial->loss(tokens);
-  DTL_EXPECT_CLOSE(loss, expected, 1e-5, 1e-6);
-  DTL_EXPECT_SAME_ON_ALL_RANKS(loss.detach());
-  loss.backward();
-  expected.backward();
-  expect_shards_of_serial(*gpt, *serial, cfg, comm->size(), comm->rank(), /*grads=*/true);
-}
-
+// every gradient a shard of the serial one (expect_model_equals_serial in tpt_test_util.hpp).
 TEST(TensorParallelGPT, TiedHeadEqualsSerial) {
-  expect_gpt_equals_serial(config(2, /*tied=*/true));
+  expect_model_equals_serial<TensorParallelGPT>(config(2, /*tied=*/true), B, T);
 }
 
 TEST(TensorParallelGPT, UntiedHeadWithoutBiasesEqualsSerial) {
-  expect_gpt_equals_serial(config(2, /*tied=*/false, /*bias=*/false));
+  expect_model_equals_serial<TensorParallelGPT>(config(2, /*tied=*/false, /*bias=*/false), B, T);
 }
 
 // Megatron's count for L blocks: 2L + 1 all-reduces of [B, T, d] forward (embedding, two per

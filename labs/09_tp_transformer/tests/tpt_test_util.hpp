@@ -12,10 +12,15 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "dtl/data.hpp"
 #include "dtl/harness/checks.hpp"
+#include "dtl/mesh.hpp"
 #include "dtl/model.hpp"
+#include "dtl/optim.hpp"
 #include "tests/tp_test_util.hpp"  // lab 08's: fresh_comm, count_since, others_since, mine
 #include "tp_transformer.hpp"
 
@@ -106,6 +111,108 @@ inline void expect_shards_of_serial(torch::nn::Module& tp_model, torch::nn::Modu
           << p.key();
     }
   }
+}
+
+// What a sequence-parallel model must do after backward before its gradients are whole (lab
+// 10's sync); nothing for lab 09's model.
+using AfterBackward = std::function<void(torch::nn::Module&, Comm&)>;
+
+// The whole model (lab 09's TensorParallelGPT, lab 10's SequenceParallelGPT) against the serial
+// GPT on one batch [B, T + 1]: this rank's vocabulary columns of the serial logits, the serial
+// loss on every rank, and, after backward (and `after`), every gradient a shard of the serial one.
+template <typename Model>
+void expect_model_equals_serial(const GPTConfig& cfg, int64_t B, int64_t T,
+                                const AfterBackward& after = {}) {
+  auto comm = fresh_comm();
+  GPT serial = serial_gpt(cfg);
+  Model gpt(*serial, *comm);
+  expect_shards_of_serial(*gpt, *serial, cfg, comm->size(), comm->rank(), /*grads=*/false);
+  const torch::Tensor tokens = same_tokens(B, T + 1, cfg.vocab_size, 14);
+  const torch::Tensor idx = tokens.narrow(1, 0, T);
+
+  const torch::Tensor logits = gpt(idx);
+  const Range r = mine(cfg.vocab_size, *comm);
+  ASSERT_EQ(logits.sizes().vec(), (std::vector<int64_t>{B, T, r.size()}))
+      << "this rank's vocabulary columns only";
+  DTL_EXPECT_CLOSE(logits, serial(idx).narrow(-1, r.begin, r.size()), 1e-4, 1e-5);
+
+  const torch::Tensor loss = gpt->loss(tokens);
+  const torch::Tensor expected = serial->loss(tokens);
+  DTL_EXPECT_CLOSE(loss, expected, 1e-5, 1e-6);
+  DTL_EXPECT_SAME_ON_ALL_RANKS(loss.detach());
+  loss.backward();
+  expected.backward();
+  if (after) after(*gpt, *comm);
+  expect_shards_of_serial(*gpt, *serial, cfg, comm->size(), comm->rank(), /*grads=*/true);
+}
+
+// Three AdamW steps on different batches with tp = the world: the losses and the parameters stay
+// the serial ones.
+template <typename Model>
+void expect_training_equals_serial(const GPTConfig& cfg, const AfterBackward& after = {}) {
+  auto comm = fresh_comm();
+  GPT serial = serial_gpt(cfg);
+  Model gpt(*serial, *comm);
+  auto opt = dtl::make_adamw(*gpt);
+  auto serial_opt = dtl::make_adamw(*serial);
+  for (int step = 0; step < 3; ++step) {
+    const torch::Tensor tokens = same_tokens(2, 13, cfg.vocab_size, 20 + step);  // T = 12
+    opt->zero_grad();
+    serial_opt->zero_grad();
+    const torch::Tensor loss = gpt->loss(tokens);
+    const torch::Tensor expected = serial->loss(tokens);
+    DTL_EXPECT_CLOSE(loss, expected, 1e-5, 1e-6) << "step " << step;
+    loss.backward();
+    expected.backward();
+    if (after) after(*gpt, *comm);
+    opt->step();
+    serial_opt->step();
+  }
+  // Adam divides by sqrt(v): see expect_mesh_training_follows_serial.
+  expect_shards_of_serial(*gpt, *serial, cfg, comm->size(), comm->rank(), /*grads=*/false, "", 1e-3,
+                          1e-4);
+}
+
+// dp x tp training (tp = 2 where the world is even): the model's Comm is the tp sub-group of a
+// mesh (not the world); each dp rank trains on its rows of the global batch, gradients are
+// averaged over dp, AdamW steps. The loss trajectory and the parameters follow serial training on
+// the whole global batch.
+template <typename Model>
+void expect_mesh_training_follows_serial(const GPTConfig& cfg, int steps,
+                                         const AfterBackward& after = {}) {
+  const int world = dtl::world().size();
+  dtl::DeviceMesh mesh = dtl::DeviceMesh::megatron(dtl::world(), world % 2 == 0 ? 2 : 1);
+  Comm& tp = mesh.comm("tp");
+  Comm& dp = mesh.comm("dp");
+  GPT serial = serial_gpt(cfg);
+  Model gpt(*serial, tp);
+  auto opt = dtl::make_adamw(*gpt);
+  auto serial_opt = dtl::make_adamw(*serial);
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 5);
+  const int64_t local = 2;
+  dtl::data::GlobalBatchSampler sampler(corpus, local * dp.size(), cfg.seq_len);
+  for (int step = 0; step < steps; ++step) {
+    opt->zero_grad();
+    const int64_t first = mesh.coord("dp") * local;
+    torch::Tensor loss = gpt->loss(sampler.rows(step, first, first + local).to(device()));
+    loss.backward();
+    if (after) after(*gpt, tp);
+    for (auto& p : gpt->parameters())
+      if (dp.size() > 1) dp.all_reduce(p.grad(), dtl::ReduceOp::Avg);
+    opt->step();
+    torch::Tensor mean_loss = loss.detach().clone();
+    if (dp.size() > 1) dp.all_reduce(mean_loss, dtl::ReduceOp::Avg);
+
+    serial_opt->zero_grad();
+    torch::Tensor expected = serial->loss(sampler.global_batch_at(step).to(device()));
+    expected.backward();
+    serial_opt->step();
+    DTL_EXPECT_CLOSE(mean_loss, expected.detach(), 1e-5, 1e-6) << "step " << step;
+  }
+  // Adam divides by sqrt(v): where a gradient is ~0, summation-order noise moves the update by
+  // up to ~lr/100, so parameters compare at 1e-4 (one step of a wrong gradient moves them ~lr).
+  expect_shards_of_serial(*gpt, *serial, cfg, tp.size(), tp.rank(), /*grads=*/false, "", 1e-3,
+                          1e-4);
 }
 
 }  // namespace lab09_test
