@@ -73,6 +73,10 @@ double imbalance(const std::vector<double>& costs, const std::vector<Range>& par
 class PipelineStage {
  public:
   PipelineStage(const GPTConfig& cfg, Comm& comm, const std::vector<Range>& parts);
+  // (Given, for lab 12's interleaved chunks.) A container for `units`, built and initialised as
+  // above, that calls itself stage `stage` of `stages`: not collective, no embedding group, and
+  // meant for run_units only (forward/backward address ranks by stage number).
+  PipelineStage(const GPTConfig& cfg, Comm& comm, Range units, int stage, int stages);
   ~PipelineStage();
   PipelineStage(const PipelineStage&) = delete;
   PipelineStage& operator=(const PipelineStage&) = delete;
@@ -125,6 +129,7 @@ class PipelineStage {
 
  private:
   struct State;
+  static void build_units(State& s);  // given (stage.cpp): the units' modules, initialised
   std::unique_ptr<State> s_;
 };
 

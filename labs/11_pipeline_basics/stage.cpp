@@ -43,21 +43,12 @@ void check_parts(const std::vector<Range>& parts, int64_t units, int stages) {
 
 }  // namespace
 
-PipelineStage::PipelineStage(const GPTConfig& cfg, Comm& comm, const std::vector<Range>& parts)
-    : s_(std::make_unique<State>()) {
-  cfg.validate();
-  State& s = *s_;
-  s.cfg = cfg;
-  s.comm = &comm;
-  s.stage = comm.rank();
-  s.stages = comm.size();
-  s.device = Runtime::get().device();
+// Builds the modules of s.units on the CPU, initialised by name exactly as the serial GPT, then
+// moves them to s.device.
+void PipelineStage::build_units(State& s) {
+  const GPTConfig& cfg = s.cfg;
   const int64_t L = cfg.n_layer;
-  check_parts(parts, num_units(cfg), s.stages);
-  s.units = parts[static_cast<size_t>(s.stage)];
   s.module = std::make_shared<torch::nn::Module>("PipelineStage");
-
-  // Built on the CPU, initialised by name exactly as the serial GPT, then moved.
   const bool has_embedding = s.units.begin == 0;
   const bool has_head = s.units.end == L + 2;
   if (has_embedding || (has_head && cfg.tied_head)) {
@@ -93,10 +84,40 @@ PipelineStage::PipelineStage(const GPTConfig& cfg, Comm& comm, const std::vector
     }
   }
   s.module->to(s.device);
+}
+
+PipelineStage::PipelineStage(const GPTConfig& cfg, Comm& comm, const std::vector<Range>& parts)
+    : s_(std::make_unique<State>()) {
+  cfg.validate();
+  State& s = *s_;
+  s.cfg = cfg;
+  s.comm = &comm;
+  s.stage = comm.rank();
+  s.stages = comm.size();
+  s.device = Runtime::get().device();
+  check_parts(parts, num_units(cfg), s.stages);
+  s.units = parts[static_cast<size_t>(s.stage)];
+  build_units(s);
 
   // Megatron's embedding group: the two holders of the tied matrix. Collective on every rank.
   const bool holder = cfg.tied_head && s.stages > 1 && (s.stage == 0 || s.stage == s.stages - 1);
   s.embedding_group = comm.split(holder ? 0 : -1, s.stage, comm.name() + "/embedding");
+}
+
+PipelineStage::PipelineStage(const GPTConfig& cfg, Comm& comm, Range units, int stage, int stages)
+    : s_(std::make_unique<State>()) {
+  cfg.validate();
+  DTL_CHECK(units.begin >= 0 && units.end > units.begin && units.end <= num_units(cfg),
+            fmt::format("PipelineStage: units [{}, {}) are not a non-empty run of the model's {}",
+                        units.begin, units.end, num_units(cfg)));
+  State& s = *s_;
+  s.cfg = cfg;
+  s.comm = &comm;
+  s.stage = stage;
+  s.stages = stages;
+  s.device = Runtime::get().device();
+  s.units = units;
+  build_units(s);
 }
 
 PipelineStage::~PipelineStage() = default;
