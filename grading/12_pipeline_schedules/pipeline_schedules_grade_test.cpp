@@ -1,0 +1,80 @@
+// Grading tests of lab 12 (hidden from students until the due date). Same oracles as the public
+// tests, where those do not look: larger pipelines and other cost ratios, fewer micro-batches
+// than ranks, deadlocks across three ranks, tied and untied heads, three chunks per rank, and
+// several training steps.
+#include "pipeline_schedules.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "dtl/harness/checks.hpp"
+#include "tests/schedules_test_util.hpp"
+
+namespace dtl::lab12 {
+namespace {
+
+using namespace lab12_test;  // NOLINT
+
+// The formula holds for any ratio of backward to forward cost, at 8 and 16 ranks.
+TEST(GradeSimulate, LargerPipelinesOtherCosts) {
+  const Costs costs{1.0, 3.0, 0.0};
+  for (int p : {8, 16})
+    for (int64_t m : {int64_t{p}, int64_t{4 * p}})
+      for (int v : {1, 2, 4}) {
+        const Schedule s = v == 1 ? one_f_one_b(p, m) : interleaved(p, m, v);
+        EXPECT_NEAR(simulate(s, v, costs).bubble, bubble_formula(p, m, v), 1e-12)
+            << "p=" << p << " m=" << m << " v=" << v;
+      }
+  EXPECT_NEAR(simulate(gpipe(16, 64), 1, costs).bubble, bubble_formula(16, 64, 1), 1e-12);
+}
+
+// Fewer micro-batches than ranks: the warm-up is capped, the bubble is still the formula.
+TEST(GradeSimulate, FewerMicroBatchesThanRanks) {
+  for (int64_t m : {1, 2, 3}) {
+    const SimResult r = simulate(one_f_one_b(4, m), 1, Costs{});
+    EXPECT_NEAR(r.bubble, bubble_formula(4, m, 1), 1e-12) << "m=" << m;
+    EXPECT_EQ(r.peak_in_flight[0], m);
+    EXPECT_EQ(text(one_f_one_b(4, m)[0], 1), text(gpipe(4, m)[0], 1))
+        << "with m <= p - 1 rank 0 only warms up and drains";
+  }
+  EXPECT_EQ(text(interleaved(2, 2, 2)[1], 2), "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0")
+      << "m == p: all warm-up";
+}
+
+// A wait cycle through three ranks is reported with each of them; a repeated action by name.
+TEST(GradeSimulate, DeadlocksAcrossThreeRanks) {
+  Schedule s = one_f_one_b(3, 3);
+  s[2] = parse("F1 B1 F0 B0 F2 B2");  // the last rank wants micro-batch 1 first
+  s[0] = parse("F0 B0 F1 F2 B1 B2");  // rank 0 waits for B0 before sending F1
+  const std::string msg = dtl::testing::error_of([&] { simulate(s, 1, Costs{}); });
+  for (const char* part : {"deadlock", "rank 0", "rank 1", "rank 2"})
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  Schedule r = interleaved(2, 2, 2);
+  r[1][3] = r[1][2];  // F0.1 twice, B0.1 missing
+  const std::string again = dtl::testing::error_of([&] { simulate(r, 2, Costs{}); });
+  EXPECT_NE(again.find("rank 1"), std::string::npos) << again;
+  EXPECT_NE(again.find("F0.1"), std::string::npos) << again;
+}
+
+// Three steps of 1F1B with a tied and with an untied head.
+TEST(GradeExecute, TiedAndUntiedHeadsOverSteps) {
+  const int p = dtl::world().size();
+  for (bool tied : {true, false})
+    expect_execution_trains_like_serial(model6(tied), one_f_one_b(p, p + 1), 1, 2 * (p + 1), 3,
+                                        tied ? "1F1B, tied" : "1F1B, untied");
+}
+
+// Three chunks per rank (a deeper model), and GPipe with m = 1.
+TEST(GradeExecute, ThreeChunksAndOneMicroBatch) {
+  const int p = dtl::world().size();
+  GPTConfig cfg = model6();
+  cfg.n_layer = 10;  // 12 units: up to 4 ranks x 3 chunks
+  expect_execution_trains_like_serial(cfg, interleaved(p, p, 3), 3, 2 * p, 2, "interleaved v=3");
+  expect_execution_trains_like_serial(model6(), gpipe(p, 1), 1, 3, 1, "GPipe, m = 1");
+}
+
+}  // namespace
+}  // namespace dtl::lab12
