@@ -1,8 +1,8 @@
 // labs/12_pipeline_schedules/pipeline_schedules.cpp — your code for lab 12 (see README.md).
 //
 // Replace every DTL_UNIMPLEMENTED with your implementation. The header
-// (pipeline_schedules.hpp) is the contract. Given: Action, describe, ModelChunks (chunks.cpp),
-// measured_bubble, bubble_formula; lab 11's reference (dtl::lab11::...).
+// (pipeline_schedules.hpp) is the contract. Given: Action, describe, ModelChunks, PipelineLinks
+// (chunks.cpp), measured_bubble, bubble_formula; lab 11's reference (dtl::lab11::...).
 #include "pipeline_schedules.hpp"
 
 #include <fmt/format.h>
