@@ -17,7 +17,6 @@
 #include "dtl/optim.hpp"    // defines: make_adamw
 #include "dtl/perf.hpp"     // defines: median, max_over_ranks
 #include "dtl/runtime.hpp"  // defines: Runtime, RuntimeOptions
-#include "dtl/split.hpp"    // defines: split_range
 #include "dtl/timer.hpp"    // defines: DeviceTimer
 #include "dtl/train.hpp"    // defines: train_step
 #include "pipeline.hpp"
@@ -63,9 +62,7 @@ int main(int argc, char** argv) {
     dtl::Runtime rt(opts, argc, argv);
     const int p = rt.world_size();
     const auto costs = dtl::lab11::unit_costs(cfg);
-    std::vector<dtl::Range> even_parts;
-    for (int s = 0; s < p; ++s)
-      even_parts.push_back(dtl::split_range(dtl::lab11::num_units(cfg), p, s));
+    const std::vector<dtl::Range> even_parts = dtl::lab11::even_parts(cfg, p);
     const auto balanced = dtl::lab11::partition(costs, p);
     dtl::print0("model {}", cfg.to_string());
     dtl::print0("unit costs (forward MFLOPs per token): embed {:.2f}, block {:.2f}, head {:.2f}",

@@ -45,6 +45,14 @@ int64_t num_units(const GPTConfig& cfg);
 // head costs a third of a block; with a small d and a large vocabulary, more than a block.
 std::vector<double> unit_costs(const GPTConfig& cfg);
 
+// The units cut into `stages` runs as evenly as split_range cuts items, ignoring their costs
+// (given): the baseline partition() improves on, and what tests use so as not to depend on it.
+std::vector<Range> even_parts(const GPTConfig& cfg, int stages);
+
+// Throws dtl::Error containing "parts" unless parts has `stages` entries that partition
+// num_units(cfg) units (each non-empty, contiguous, in order). (Given.)
+void check_parts(const GPTConfig& cfg, const std::vector<Range>& parts, int stages);
+
 // Cuts units with the given costs into `stages` contiguous, non-empty runs, in order (stage 0
 // first), so that the largest stage cost (the pipeline's clock: every stage waits for the
 // slowest) is as small as possible. Any optimal partition is accepted. Throws dtl::Error whose
@@ -129,7 +137,6 @@ class PipelineStage {
 
  private:
   struct State;
-  static void build_units(State& s);  // given (stage.cpp): the units' modules, initialised
   std::unique_ptr<State> s_;
 };
 

@@ -23,30 +23,63 @@ std::vector<double> unit_costs(const GPTConfig& cfg) {
   return costs;
 }
 
-namespace {
+std::vector<Range> even_parts(const GPTConfig& cfg, int stages) {
+  std::vector<Range> parts;
+  for (int s = 0; s < stages; ++s) parts.push_back(split_range(num_units(cfg), stages, s));
+  return parts;
+}
 
-// parts must be one non-empty run per stage, in order, covering all units.
-void check_parts(const std::vector<Range>& parts, int64_t units, int stages) {
-  DTL_CHECK(static_cast<int>(parts.size()) == stages,
-            fmt::format("PipelineStage: parts has {} entries for {} stages", parts.size(), stages));
+void check_parts(const GPTConfig& cfg, const std::vector<Range>& parts, int stages) {
+  DTL_CHECK(
+      static_cast<int>(parts.size()) == stages,
+      fmt::format("pipeline parts: parts has {} entries for {} stages", parts.size(), stages));
   int64_t next = 0;
   for (size_t s = 0; s < parts.size(); ++s) {
     DTL_CHECK(parts[s].begin == next && parts[s].end > parts[s].begin,
-              fmt::format("PipelineStage: parts[{}] = [{}, {}) is not a non-empty run starting "
+              fmt::format("pipeline parts: parts[{}] = [{}, {}) is not a non-empty run starting "
                           "at unit {}",
                           s, parts[s].begin, parts[s].end, next));
     next = parts[s].end;
   }
-  DTL_CHECK(next == units,
-            fmt::format("PipelineStage: parts cover {} units, the model has {}", next, units));
+  DTL_CHECK(next == num_units(cfg), fmt::format("pipeline parts: parts cover {} units, the model "
+                                                "has {}",
+                                                next, num_units(cfg)));
+}
+
+namespace {
+
+// This rank's run of a checked cut (the delegating constructor needs it as one expression).
+Range own_part(const GPTConfig& cfg, const std::vector<Range>& parts, const Comm& comm) {
+  check_parts(cfg, parts, comm.size());
+  return parts[static_cast<size_t>(comm.rank())];
 }
 
 }  // namespace
 
-// Builds the modules of s.units on the CPU, initialised by name exactly as the serial GPT, then
-// moves them to s.device.
-void PipelineStage::build_units(State& s) {
-  const GPTConfig& cfg = s.cfg;
+PipelineStage::PipelineStage(const GPTConfig& cfg, Comm& comm, const std::vector<Range>& parts)
+    : PipelineStage(cfg, comm, own_part(cfg, parts, comm), comm.rank(), comm.size()) {
+  // Megatron's embedding group: the two holders of the tied matrix. Collective on every rank.
+  State& s = *s_;
+  const bool holder = cfg.tied_head && s.stages > 1 && (s.stage == 0 || s.stage == s.stages - 1);
+  s.embedding_group = comm.split(holder ? 0 : -1, s.stage, comm.name() + "/embedding");
+}
+
+PipelineStage::PipelineStage(const GPTConfig& cfg, Comm& comm, Range units, int stage, int stages)
+    : s_(std::make_unique<State>()) {
+  cfg.validate();
+  DTL_CHECK(units.begin >= 0 && units.end > units.begin && units.end <= num_units(cfg),
+            fmt::format("PipelineStage: units [{}, {}) are not a non-empty run of the model's {}",
+                        units.begin, units.end, num_units(cfg)));
+  State& s = *s_;
+  s.cfg = cfg;
+  s.comm = &comm;
+  s.stage = stage;
+  s.stages = stages;
+  s.device = Runtime::get().device();
+  s.units = units;
+
+  // The units' modules, built on the CPU, initialised by name exactly as the serial GPT, then
+  // moved to the device.
   const int64_t L = cfg.n_layer;
   s.module = std::make_shared<torch::nn::Module>("PipelineStage");
   const bool has_embedding = s.units.begin == 0;
@@ -84,40 +117,6 @@ void PipelineStage::build_units(State& s) {
     }
   }
   s.module->to(s.device);
-}
-
-PipelineStage::PipelineStage(const GPTConfig& cfg, Comm& comm, const std::vector<Range>& parts)
-    : s_(std::make_unique<State>()) {
-  cfg.validate();
-  State& s = *s_;
-  s.cfg = cfg;
-  s.comm = &comm;
-  s.stage = comm.rank();
-  s.stages = comm.size();
-  s.device = Runtime::get().device();
-  check_parts(parts, num_units(cfg), s.stages);
-  s.units = parts[static_cast<size_t>(s.stage)];
-  build_units(s);
-
-  // Megatron's embedding group: the two holders of the tied matrix. Collective on every rank.
-  const bool holder = cfg.tied_head && s.stages > 1 && (s.stage == 0 || s.stage == s.stages - 1);
-  s.embedding_group = comm.split(holder ? 0 : -1, s.stage, comm.name() + "/embedding");
-}
-
-PipelineStage::PipelineStage(const GPTConfig& cfg, Comm& comm, Range units, int stage, int stages)
-    : s_(std::make_unique<State>()) {
-  cfg.validate();
-  DTL_CHECK(units.begin >= 0 && units.end > units.begin && units.end <= num_units(cfg),
-            fmt::format("PipelineStage: units [{}, {}) are not a non-empty run of the model's {}",
-                        units.begin, units.end, num_units(cfg)));
-  State& s = *s_;
-  s.cfg = cfg;
-  s.comm = &comm;
-  s.stage = stage;
-  s.stages = stages;
-  s.device = Runtime::get().device();
-  s.units = units;
-  build_units(s);
 }
 
 PipelineStage::~PipelineStage() = default;

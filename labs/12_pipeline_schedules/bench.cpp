@@ -16,7 +16,6 @@
 #include "dtl/optim.hpp"
 #include "dtl/perf.hpp"
 #include "dtl/runtime.hpp"
-#include "dtl/split.hpp"
 #include "pipeline_schedules.hpp"
 
 namespace {
@@ -39,9 +38,7 @@ void BM_ScheduleStep(benchmark::State& state) {
                                    : kind == 1 ? dtl::lab12::one_f_one_b(p, m)
                                                : dtl::lab12::interleaved(p, m, v);
     simulated = dtl::lab12::simulate(s, v, {10.0, 20.0, 0.0}).bubble;
-    std::vector<dtl::Range> parts;
-    for (int i = 0; i < p * v; ++i)
-      parts.push_back(dtl::split_range(dtl::lab11::num_units(cfg), p * v, i));
+    const std::vector<dtl::Range> parts = dtl::lab11::even_parts(cfg, p * v);
     dtl::lab12::PipelineLinks links(world);
     bool wrong = false;
     for (auto _ : state) {

@@ -6,8 +6,6 @@
 #include <algorithm>
 
 #include "dtl/error.hpp"
-#include "dtl/perf.hpp"  // defines: max_over_ranks
-#include "dtl/runtime.hpp"
 #include "pipeline_schedules.hpp"
 
 namespace dtl::lab12 {
@@ -35,20 +33,7 @@ ModelChunks::ModelChunks(const GPTConfig& cfg, Comm& comm, int v, const std::vec
   s.p = comm.size();
   s.r = comm.rank();
   DTL_CHECK(v >= 1, fmt::format("ModelChunks: v={} must be >= 1", v));
-  DTL_CHECK(static_cast<int64_t>(parts.size()) == static_cast<int64_t>(s.p) * v,
-            fmt::format("ModelChunks: parts has {} runs for p={} ranks x v={} chunks", parts.size(),
-                        s.p, v));
-  int64_t next = 0;  // the runs must cut the whole model, in order
-  for (const Range& run : parts) {
-    DTL_CHECK(run.begin == next && run.end > run.begin,
-              fmt::format("ModelChunks: parts must be non-empty runs in order from unit 0; run "
-                          "[{}, {}) does not start at unit {}",
-                          run.begin, run.end, next));
-    next = run.end;
-  }
-  DTL_CHECK(next == dtl::lab11::num_units(cfg),
-            fmt::format("ModelChunks: parts cover {} units, the model has {}", next,
-                        dtl::lab11::num_units(cfg)));
+  dtl::lab11::check_parts(cfg, parts, s.p * v);  // p v runs cutting the whole model, in order
   s.module = std::make_shared<torch::nn::Module>("ModelChunks");
   for (int c = 0; c < v; ++c) {
     const int vs = c * s.p + s.r;
@@ -130,10 +115,13 @@ Comm& PipelineLinks::grads_from_next() { return link(grads_, r_, "grads_from_nex
 double measured_bubble(const StepResult& mine, Comm& comm) {
   double busy = 0;
   for (const ActionTiming& t : mine.timeline) busy += t.end - t.start;
-  torch::Tensor sums = torch::tensor({busy}, torch::kFloat64).to(Runtime::get().device());
-  comm.all_reduce(sums);
-  const double longest = dtl::max_over_ranks(mine.seconds);
-  return 1.0 - sums.item<double>() / (static_cast<double>(comm.size()) * longest);
+  // Both over the pipeline's ranks (comm), which need not be every rank of the run.
+  torch::Tensor total_busy = torch::tensor({busy}, torch::kFloat64).to(comm.device());
+  torch::Tensor longest = torch::tensor({mine.seconds}, torch::kFloat64).to(comm.device());
+  comm.all_reduce(total_busy);
+  comm.all_reduce(longest, ReduceOp::Max);
+  return 1.0 -
+         total_busy.item<double>() / (static_cast<double>(comm.size()) * longest.item<double>());
 }
 
 }  // namespace dtl::lab12

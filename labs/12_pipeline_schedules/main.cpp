@@ -19,7 +19,6 @@
 #include "dtl/log.hpp"      // defines: print0
 #include "dtl/optim.hpp"    // defines: make_adamw
 #include "dtl/runtime.hpp"  // defines: Runtime, RuntimeOptions
-#include "dtl/split.hpp"    // defines: split_range
 #include "dtl/trace.hpp"    // defines: trace::record, gather_to_rank0, gantt
 #include "pipeline_schedules.hpp"
 
@@ -83,9 +82,7 @@ int main(int argc, char** argv) {
                                                         : dtl::lab12::interleaved(p, m, x.v);
       const dtl::lab12::SimResult sim =
           dtl::lab12::simulate(s, x.v, {forward_ms, backward_ms, p2p_ms});
-      std::vector<dtl::Range> parts;
-      for (int i = 0; i < p * x.v; ++i)
-        parts.push_back(dtl::split_range(dtl::lab11::num_units(cfg), p * x.v, i));
+      const std::vector<dtl::Range> parts = dtl::lab11::even_parts(cfg, p * x.v);
       dtl::lab12::ModelChunks chunks(cfg, world, x.v, parts);
       auto opt = dtl::make_adamw(chunks.module());
       // One untimed step (allocations, first-touch), then the measured one.
