@@ -49,6 +49,7 @@ struct Options {
   int timeout = 300;       // per mpirun
   int test_timeout = 60;   // per test (the harness watchdog)
   int perf_rounds = 3;
+  int perf_max_rounds = 7;  // rounds a result just under the bar may take before it counts
   bool perf = true;
   int max_world = 0;        // grade only world sizes up to this (0: all); quick regrades, self-test
   std::string only_groups;  // grade only test groups whose name contains this
@@ -560,18 +561,37 @@ class Grader {
     const std::string mine = bin(r, "bench", opt_.side), ref = bin(r, "bench", "reference");
     bin_of_side_ = opt_.side == "student" ? mine : "";
     if (!fs::exists(mine) || !fs::exists(ref)) return skipped(c, "benchmark binary missing");
-    // Interleaved (A B A B ...), so both sides see the same machine; medians per side.
+    // Interleaved, so both sides see the same machine; medians per side. The order flips every
+    // round (A B, B A, ...) so neither side always runs right after the other. A result just
+    // under the bar (within a factor 2 of it) is measured again, up to --perf-max-rounds: on a
+    // shared 2-core machine one slow round can cost an honest submission its points, while a
+    // clearly slow or clearly fast one is settled by the first rounds.
     std::vector<double> a, b;
-    for (int i = 0; i < opt_.perf_rounds; ++i) {
-      a.push_back(bench_once(mine, c, p.output));
-      b.push_back(bench_once(ref, c, p.output));
-    }
     auto median = [](std::vector<double> v) -> double {
       v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
       if (v.empty()) return std::nan("");
       std::sort(v.begin(), v.end());
       return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
     };
+    auto ratio_now = [&] {
+      const double s = median(a), r = median(b);
+      if (!(s > 0) || !(r > 0)) return std::nan("");
+      return c.higher_is_better ? s / r : r / s;
+    };
+    const int max_rounds = std::max(opt_.perf_rounds, opt_.perf_max_rounds);
+    for (int i = 0; i < max_rounds; ++i) {
+      if (i >= opt_.perf_rounds) {
+        const double q = ratio_now();
+        if (std::isnan(q) || q >= c.min_ratio || q < 0.5 * c.min_ratio) break;
+      }
+      if (i % 2 == 0) {
+        a.push_back(bench_once(mine, c, p.output));
+        b.push_back(bench_once(ref, c, p.output));
+      } else {
+        b.push_back(bench_once(ref, c, p.output));
+        a.push_back(bench_once(mine, c, p.output));
+      }
+    }
     p.student = median(a);
     p.reference = median(b);
     if (std::isnan(p.student) || std::isnan(p.reference) || p.student <= 0 || p.reference <= 0) {
@@ -582,7 +602,7 @@ class Grader {
     p.score = p.ratio >= c.min_ratio ? c.points : 0;
     p.output += fmt::format("{}: yours {:.4g}, reference {:.4g} (median of {} interleaved runs): "
                             "{:.2f} x reference, needs {:.2f}\n", c.counter, p.student, p.reference,
-                            opt_.perf_rounds, p.ratio, c.min_ratio);
+                            a.size(), p.ratio, c.min_ratio);
     if (p.score == 0)
       p.reason = fmt::format("{}: {:.2f} x the reference, needs {:.2f}", c.name, p.ratio, c.min_ratio);
     return p;
@@ -932,6 +952,8 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", opt.timeout, "seconds per mpirun job");
   app.add_option("--test-timeout", opt.test_timeout, "seconds per test (the harness watchdog)");
   app.add_option("--perf-rounds", opt.perf_rounds, "interleaved benchmark rounds per side");
+  app.add_option("--perf-max-rounds", opt.perf_max_rounds,
+                 "rounds per side for a result just under the bar (within 2x of it)");
   app.add_flag("!--no-perf", opt.perf, "skip performance checks");
   app.add_option("--max-world", opt.max_world, "grade world sizes up to N only (quick checks)");
   app.add_option("--only-groups", opt.only_groups, "grade test groups whose name contains TEXT");
