@@ -4,12 +4,14 @@
 //
 //   ./lab run 14                        4 ranks: data parallelism, then stages 1, 2, 3
 //   ./lab run 14 -n 2 -- --layers 8     more layers: more units, the same ratios
+//   ./lab run 14 -- --rows 1            smaller activations: stage 2 now lowers the step peak
 //   ./lab run 14 -- --net ib-2node      stage 3's extra all-gathers cost time on a slow network
 //   ./lab run 14 -- --help              every flag
 //
 // 1. For stage 0 (plain data parallelism: all-reduce every gradient, AdamW on the full model)
-//    and ZeRO stages 1-3: the bytes a rank holds after a step (predicted, measured), the bytes
-//    it sends per step (CommStats' wire bytes, and as a multiple of data parallelism's), the
+//    and ZeRO stages 1-3: the bytes a rank holds after a step (predicted, measured), the most it
+//    held during a step (activations and gradients in flight included), the bytes it sends per
+//    step (CommStats' wire bytes, and as a multiple of data parallelism's), the
 //    median step time and the final loss (the same for every stage: same trajectory).
 // 2. The formulas for a 7.5B model (the paper's Table 1) and a 70B one, mixed precision, on
 //    4 to 1024 ranks: which stage fits on an 80 GB GPU.
@@ -38,6 +40,7 @@ using dtl::lab14::GPTConfig;
 
 struct Row {
   int64_t held = 0;       // bytes after the last step, above those before the model existed
+  int64_t peak = 0;       // the highest live bytes during a step, above the same
   double wire = 0;        // bytes this rank sent per step
   double step_ms = 0;     // median, slowest rank
   float loss = 0;         // the last step's loss on this rank's rows, averaged over ranks
@@ -75,6 +78,7 @@ Row run(const GPTConfig& cfg, int stage, int steps, const dtl::data::GlobalBatch
     torch::Tensor loss;
     for (int s = 0; s < steps; ++s) {
       clock.barrier();
+      dtl::memory::reset_peak(comm.device());
       const double t0 = dtl::now_seconds();
       if (stage == 0) {
         adam->zero_grad();
@@ -90,7 +94,9 @@ Row run(const GPTConfig& cfg, int stage, int steps, const dtl::data::GlobalBatch
         loss.backward();
         zero->step();
       }
-      torch::Tensor t = torch::tensor({dtl::now_seconds() - t0}, torch::kFloat64).to(comm.device());
+      const double t1 = dtl::now_seconds();
+      r.peak = std::max(r.peak, static_cast<int64_t>(dtl::memory::peak_bytes(comm.device())) - before);
+      torch::Tensor t = torch::tensor({t1 - t0}, torch::kFloat64).to(comm.device());
       clock.all_reduce(t, dtl::ReduceOp::Max);
       times.push_back(t.item<double>() * 1e3);
     }
@@ -160,25 +166,28 @@ int main(int argc, char** argv) {
                 dtl::net::enabled() ? dtl::net::current().describe() : "none (try --net ib-2node)");
     dtl::print0("model {}: {} parameters in {} units, {} rows x {} tokens per rank\n",
                 cfg.to_string(), psi, numels.size(), rows, cfg.seq_len);
-    dtl::print0("{:<8} {:>12} {:>12} {:>7} {:>12} {:>8} {:>10} {:>9}", "stage", "predicted",
-                "measured", "error", "sent/step", "x DP", "step ms", "loss");
+    dtl::print0("{:<8} {:>12} {:>12} {:>7} {:>12} {:>12} {:>8} {:>10} {:>9}", "stage",
+                "predicted", "measured", "error", "step peak", "sent/step", "x DP", "step ms",
+                "loss");
     double dp_wire = 0;
     for (int stage = 0; stage <= 3; ++stage) {
       const Row r = run(cfg, stage, steps, sampler, *comm, rt.world());
       const int64_t want = dtl::lab14::model_state_bytes(stage, numels, n).total();
       if (stage == 0) dp_wire = r.wire;
-      dtl::print0("{:<8} {:>12} {:>12} {:>6.1f}% {:>12} {:>8} {:>10.1f} {:>9.4f}",
+      dtl::print0("{:<8} {:>12} {:>12} {:>6.1f}% {:>12} {:>12} {:>8} {:>10.1f} {:>9.4f}",
                   stage == 0 ? "DP" : fmt::format("ZeRO-{}", stage),
                   dtl::memory::format_bytes(static_cast<double>(want)),
                   dtl::memory::format_bytes(static_cast<double>(r.held)),
                   want ? 100.0 * (r.held - want) / want : 0.0,
+                  dtl::memory::format_bytes(static_cast<double>(r.peak)),
                   dtl::memory::format_bytes(r.wire),
                   dp_wire > 0 ? fmt::format("{:.2f}", r.wire / dp_wire) : std::string("-"),
                   r.step_ms, r.loss);
     }
     dtl::print0("\npredicted: model_state_bytes (fp32 AdamW: 4 + 4 + 8 bytes per parameter, "
-                "padding per unit); measured: the tracker after the last step; sent: the "
-                "ring's wire bytes per rank.\n");
+                "padding per unit); measured: the tracker after the last step; step peak: the "
+                "most live during a step (activations and transient gradients included); sent: "
+                "the ring's wire bytes per rank.\n");
     at_scale("the ZeRO paper's model", 7.5e9);
     at_scale("a 70B model", 70e9);
   } catch (const dtl::Error& e) {
