@@ -141,17 +141,7 @@ TEST(GradeZero, Stage3FullParametersGathersAndFreesAgain) {
 }
 
 TEST(GradeZero, MeasuredStateOfATiedModel) {
-  if (!device().is_cpu()) GTEST_SKIP() << "the tracking allocator counts CPU memory";
-  auto comm = fresh_comm();
-  const GPTConfig cfg = config(3, 32, /*tied=*/true);
-  GPT probe(cfg);
-  const std::vector<int64_t> numels = unit_numels(probe);
-  for (int stage = 1; stage <= 3; ++stage) {
-    const int64_t want = model_state_bytes(stage, numels, comm->size()).total();
-    EXPECT_NEAR(static_cast<double>(measured_state_bytes(cfg, stage, *comm)),
-                static_cast<double>(want), 0.01 * want)
-        << "stage " << stage;
-  }
+  expect_state_matches_formula(config(3, 32, /*tied=*/true), /*first_stage=*/1);
 }
 
 }  // namespace

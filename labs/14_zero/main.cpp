@@ -28,8 +28,8 @@
 #include "dtl/memory.hpp"   // defines: memory::install, current_bytes, format_bytes
 #include "dtl/net.hpp"      // defines: net::enabled, net::current
 #include "dtl/optim.hpp"    // defines: make_adamw
+#include "dtl/perf.hpp"     // defines: measure, sum_over_ranks
 #include "dtl/runtime.hpp"  // defines: Runtime, RuntimeOptions
-#include "dtl/timer.hpp"    // defines: now_seconds
 #include "demo_config.hpp"  // defines: demo::demo_config, demo::demo_adamw
 #include "zero.hpp"
 
@@ -42,26 +42,20 @@ struct Row {
   int64_t held = 0;       // bytes after the last step, above those before the model existed
   int64_t peak = 0;       // the highest live bytes during a step, above the same
   double wire = 0;        // bytes this rank sent per step
-  double step_ms = 0;     // median, slowest rank
+  double step_ms = 0;     // median after one warm-up step, slowest rank
   float loss = 0;         // the last step's loss on this rank's rows, averaged over ranks
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// `comm` carries the training's traffic only (its stats are the table's); `clock` the barriers
-// and step-time maxima.
+// `comm` carries the training's traffic only: its stats are the table's. Step times and the
+// loss travel over the control channel (dtl/perf.hpp), which Comm stats do not count.
 Row run(const GPTConfig& cfg, int stage, int steps, const dtl::data::GlobalBatchSampler& sampler,
-        dtl::Comm& comm, dtl::Comm& clock) {
+        dtl::Comm& comm) {
   const int64_t per = sampler.global_batch() / comm.size();
   auto rows = [&](int s) {
     return sampler.rows(s, comm.rank() * per, (comm.rank() + 1) * per).to(comm.device());
   };
   const dtl::OptimConfig oc = dtl::lab14::demo::demo_adamw();
   Row r;
-  std::vector<double> times;
   const auto before = static_cast<int64_t>(dtl::memory::current_bytes(comm.device()));
   {
     GPT model(cfg);
@@ -76,10 +70,9 @@ Row run(const GPTConfig& cfg, int stage, int steps, const dtl::data::GlobalBatch
     }
     comm.reset_stats();
     torch::Tensor loss;
-    for (int s = 0; s < steps; ++s) {
-      clock.barrier();
+    int s = 0;
+    auto step = [&] {
       dtl::memory::reset_peak(comm.device());
-      const double t0 = dtl::now_seconds();
       if (stage == 0) {
         adam->zero_grad();
         loss = model->loss(rows(s));
@@ -94,19 +87,14 @@ Row run(const GPTConfig& cfg, int stage, int steps, const dtl::data::GlobalBatch
         loss.backward();
         zero->step();
       }
-      const double t1 = dtl::now_seconds();
       r.peak = std::max(r.peak, static_cast<int64_t>(dtl::memory::peak_bytes(comm.device())) - before);
-      torch::Tensor t = torch::tensor({t1 - t0}, torch::kFloat64).to(comm.device());
-      clock.all_reduce(t, dtl::ReduceOp::Max);
-      times.push_back(t.item<double>() * 1e3);
-    }
+      ++s;
+    };
+    r.step_ms = dtl::measure(step, /*warmup=*/1, steps - 1).median * 1e3;
     r.wire = comm.stats().total_wire_bytes() / steps;
     r.held = static_cast<int64_t>(dtl::memory::current_bytes(comm.device())) - before;
-    torch::Tensor l = loss.detach().reshape({1}).clone();
-    clock.all_reduce(l, dtl::ReduceOp::Avg);
-    r.loss = l.item<float>();
+    r.loss = static_cast<float>(dtl::sum_over_ranks(loss.item<double>()) / comm.size());
   }
-  r.step_ms = median(std::vector<double>(times.begin() + std::min<size_t>(1, times.size()), times.end()));
   return r;
 }
 
@@ -154,12 +142,7 @@ int main(int argc, char** argv) {
     dtl::data::SyntheticCorpus corpus(cfg.vocab_size, rt.seed());
     dtl::data::GlobalBatchSampler sampler(corpus, rows * n, cfg.seq_len);
     GPT probe(cfg);
-    std::vector<int64_t> numels;
-    for (const auto& unit : dtl::lab14::gpt_units(probe)) {
-      int64_t k = 0;
-      for (const auto& name : unit.params) k += probe->named_parameters()[name].numel();
-      numels.push_back(k);
-    }
+    const std::vector<int64_t> numels = dtl::lab14::unit_numels(probe);
     int64_t psi = 0;
     for (int64_t k : numels) psi += k;
     dtl::print0("{} ranks, network: {}", n,
@@ -171,7 +154,7 @@ int main(int argc, char** argv) {
                 "loss");
     double dp_wire = 0;
     for (int stage = 0; stage <= 3; ++stage) {
-      const Row r = run(cfg, stage, steps, sampler, *comm, rt.world());
+      const Row r = run(cfg, stage, steps, sampler, *comm);
       const int64_t want = dtl::lab14::model_state_bytes(stage, numels, n).total();
       if (stage == 0) dp_wire = r.wire;
       dtl::print0("{:<8} {:>12} {:>12} {:>6.1f}% {:>12} {:>12} {:>8} {:>10.1f} {:>9.4f}",

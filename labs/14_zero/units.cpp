@@ -27,6 +27,17 @@ std::vector<Unit> gpt_units(GPT& model) {
   return units;
 }
 
+std::vector<int64_t> unit_numels(GPT& model) {
+  auto named = model->named_parameters();
+  std::vector<int64_t> numels;
+  for (const Unit& unit : gpt_units(model)) {
+    int64_t n = 0;
+    for (const auto& name : unit.params) n += named[name].numel();
+    numels.push_back(n);
+  }
+  return numels;
+}
+
 std::vector<std::vector<int64_t>> unit_calls(GPT& model) {
   const int64_t L = model->config().n_layer;
   std::vector<std::vector<int64_t>> calls = {{0}};

@@ -1,7 +1,7 @@
 // labs/14_zero/zero.hpp — the interface of lab 14 (the seam the tests call; do not edit).
 //
 // defines: Precision, ModelStateBytes, shard_size, model_state_bytes, Unit, gpt_units,
-// unit_calls, free_storage, alloc_storage, ZeroOptimizer.
+// unit_numels, unit_calls, free_storage, alloc_storage, ZeroOptimizer.
 //
 // ZeRO (Rajbhandari et al., SC'20) asks what a data-parallel rank really has to hold. Plain DP
 // keeps on every rank the full parameters, the full gradients and the full optimizer state:
@@ -89,6 +89,9 @@ struct Unit {
 // The course GPT's units, in the order forward first uses them: "embed" (wte, wpe), one unit
 // per block ("blocks.0", ...), "head" (ln_f, and lm_head when the head is not tied).
 std::vector<Unit> gpt_units(GPT& model);
+// The number of elements of each unit of gpt_units(model), in the same order: what
+// model_state_bytes takes.
+std::vector<int64_t> unit_numels(GPT& model);
 
 // The forward of the GPT as a sequence of calls, each with the units whose parameters it
 // reads: embed -> {embed}, block i -> {block i}, head -> {head}, plus {embed} when the head is

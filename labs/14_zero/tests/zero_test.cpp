@@ -117,19 +117,7 @@ TEST(Zero, ShardsAreTheOwnedSlicesOfEachUnit) {
 
 // What the tracker sees a rank hold after one step, against model_state_bytes (CPU only).
 TEST(Zero, MeasuredStateMatchesTheFormula) {
-  if (!device().is_cpu()) GTEST_SKIP() << "the tracking allocator counts CPU memory";
-  auto comm = fresh_comm();
-  const GPTConfig cfg = config(2, 32, /*tied=*/false);
-  GPT probe(cfg);
-  const std::vector<int64_t> numels = unit_numels(probe);
-  for (int stage = 0; stage <= 3; ++stage) {
-    const int64_t want = model_state_bytes(stage, numels, comm->size()).total();
-    const int64_t got = measured_state_bytes(cfg, stage, *comm);
-    // A few hundred bytes of slack: LayerNorm's and the optimizer's scalars, allocator rounding.
-    EXPECT_NEAR(static_cast<double>(got), static_cast<double>(want), 0.01 * want)
-        << "stage " << stage << " on " << comm->size() << " ranks: measured " << got
-        << " B, model_state_bytes says " << want << " B";
-  }
+  expect_state_matches_formula(config(2, 32, /*tied=*/false), /*first_stage=*/0);
 }
 
 // Stage 3: between uses a unit's parameters hold no bytes; after forward too (the buffers were
@@ -175,7 +163,7 @@ TEST(Zero, CommunicationPerStep) {
     GPT model(cfg);
     model->to(device());
     ZeroOptimizer zero(model, *comm, stage, adamw());
-    const std::vector<int64_t> numels = unit_numels(model);
+    const std::vector<int64_t> numels = dtl::lab14::unit_numels(model);
     const auto units = static_cast<int64_t>(numels.size());
     double padded_bytes = 0;  // 4 * n * S over the units
     for (int64_t numel : numels) padded_bytes += 4.0 * n * shard_size(numel, n);

@@ -40,11 +40,9 @@ inline dtl::OptimConfig adamw(double eps = 1e-6) {
   return oc;
 }
 
+// The tiny GPT's shape (2 heads, 16 tokens) with the given layers, width, head and vocabulary.
 inline GPTConfig config(int64_t layers = 2, int64_t d = 32, bool tied = true, int64_t vocab = 64) {
-  GPTConfig c = GPTConfig::tiny();
-  c.n_layer = layers;
-  c.d_model = d;
-  c.vocab_size = vocab;
+  GPTConfig c = dtl::testing::gpt_config(layers, d, /*heads=*/2, vocab, /*seq_len=*/16);
   c.tied_head = tied;
   return c;
 }
@@ -96,17 +94,6 @@ inline void expect_zero_equals_serial(const GPTConfig& cfg, int stage, int steps
   DTL_EXPECT_SAME_ON_ALL_RANKS(got) << where << ": the ranks drifted apart";
 }
 
-inline std::vector<int64_t> unit_numels(GPT& model) {
-  std::vector<int64_t> out;
-  auto named = model->named_parameters();
-  for (const auto& unit : dtl::lab14::gpt_units(model)) {
-    int64_t n = 0;
-    for (const auto& name : unit.params) n += named[name].numel();
-    out.push_back(n);
-  }
-  return out;
-}
-
 // Live bytes this rank holds after construction and one step (the tracker; CPU only), above
 // those before the model existed. Stage 0: the model with plain AdamW, gradients averaged.
 inline int64_t measured_state_bytes(const GPTConfig& cfg, int stage, Comm& comm) {
@@ -138,6 +125,22 @@ inline int64_t measured_state_bytes(const GPTConfig& cfg, int stage, Comm& comm)
     }
   }
   return held;
+}
+
+// measured_state_bytes at stages first..3 within 1% of model_state_bytes (a few hundred bytes of
+// slack: LayerNorm's and the optimizer's scalars, allocator rounding). CPU only.
+inline void expect_state_matches_formula(const GPTConfig& cfg, int first_stage) {
+  if (!device().is_cpu()) GTEST_SKIP() << "the tracking allocator counts CPU memory";
+  auto comm = fresh_comm();
+  GPT probe(cfg);
+  const std::vector<int64_t> numels = dtl::lab14::unit_numels(probe);
+  for (int stage = first_stage; stage <= 3; ++stage) {
+    const int64_t want = dtl::lab14::model_state_bytes(stage, numels, comm->size()).total();
+    const int64_t got = measured_state_bytes(cfg, stage, *comm);
+    EXPECT_NEAR(static_cast<double>(got), static_cast<double>(want), 0.01 * want)
+        << "stage " << stage << " on " << comm->size() << " ranks: measured " << got
+        << " B, model_state_bytes says " << want << " B";
+  }
 }
 
 // The bytes a ring moves per rank for each op (what CommStats::wire_bytes counts).
