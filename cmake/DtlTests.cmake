@@ -8,7 +8,7 @@
 
 # mpirun flags and environment come from cmake/mpirun.env, the one file ./lab and the grader
 # read too. Users may append their own flags to DTL_MPIEXEC_PREFLAGS.
-file(STRINGS ${CMAKE_CURRENT_LIST_DIR}/mpirun.env _dtl_mpirun_lines REGEX "^[A-Z_]+=")
+file(STRINGS ${CMAKE_CURRENT_LIST_DIR}/mpirun.env _dtl_mpirun_lines REGEX "^[A-Za-z0-9_]+=")
 set(_dtl_env)
 foreach(line IN LISTS _dtl_mpirun_lines)
   if(line MATCHES "^DTL_MPIRUN_FLAGS=(.*)$")

@@ -33,8 +33,11 @@ cd "$rel"
 DTL_CMAKE_ARGS="-DDTL_ONLY_LABS=01" ./lab build
 ctest --test-dir build --output-on-failure -L 'lab01' -LE student -j 2
 ctest --test-dir build --output-on-failure -R 'grading.validate'
-# ./lab grade on the untouched skeleton: 0 with "not implemented", and it says what is hidden.
+# ./lab grade on the untouched skeleton: "not started", nothing built; with --all, 0 with "not
+# implemented"; both say what is hidden.
 ./lab grade 01 --json "$work/r.json" >"$work/grade.log" 2>&1 || true
-grep -q 'not implemented: lab 01' "$work/grade.log" || { cat "$work/grade.log"; fail "grade did not report the skeleton"; }
+grep -q 'not started' "$work/grade.log" || { cat "$work/grade.log"; fail "grade did not report the untouched skeleton as not started"; }
 grep -q 'graded by the course' "$work/grade.log" || { cat "$work/grade.log"; fail "grade did not say what the autograder adds"; }
+./lab grade 01 --all --json "$work/r.json" >"$work/grade-all.log" 2>&1 || true
+grep -q 'not implemented: lab 01' "$work/grade-all.log" || { cat "$work/grade-all.log"; fail "grade --all did not report the skeleton"; }
 echo "release check: ok"

@@ -2,24 +2,28 @@
 # make_submissions.sh OUT_DIR: writes crafted lab-03 submissions, one directory each, derived
 # from the reference and the skeleton at test time (so they follow the lab as it evolves).
 # Honest ones:
-#   correct     the reference                             -> full marks
-#   skeleton    the untouched skeleton                    -> 0, "not implemented"
+#   correct     the reference, plus files outside the allow-list -> full marks, files ignored
+#   skeleton    the untouched skeleton                    -> 0, "not started" (nothing built);
+#                                                            with --all: 0, "not implemented"
 #   nocompile   the reference plus a syntax error         -> 0, "does not compile"
 #   segv        crashes on rank 2                         -> runs with n >= 3 score 0, "crashed"
 #   deadlock    rank 1 skips ring_all_reduce              -> its runs with n >= 2 score 0, "hang"
 #   slow        correct but 3x slower                     -> correctness, no performance points
 #   partial     wrong for float64 only                    -> partial credit within a run
-#   extra       the reference plus a file outside the allow-list -> full marks, file ignored
-# Cheating ones, one per class of attack (grading/README.md, "What the grader allows"):
-#   fake        prints fake gtest success, plants results files    -> 0 (audit: files)
-#   argv        a constructor rewrites --gtest_filter               -> 0 (audit: attributes)
-#   reporter    gtest's fake result reporter swallows failures      -> 0 (audit: gtest include)
-#   atexit      an exit handler edits the JSON report, then _Exit   -> 0 (audit: atexit, files)
-#   mpi         the result by MPI_Allreduce, junk sends for stats() -> 0 (audit: MPI_*)
-#   builtin     the result by the built-in Comm::all_reduce         -> 0 (audit: lab 03's deny list)
-#   interpose   an inline Comm::all_reduce replaces the tests' oracle -> 0 (audit: replaces)
-#   daemon      a setsid daemon to stop the reference's benchmark  -> 0 (audit: fork, kill)
-#   leak        prints the solution and the hidden tests            -> 0 (audit: include, files)
+# Cheating, every class of attack in grading/README.md ("What the grader allows"). The attacks
+# that one audit step stops share a submission (each must still be named in the findings):
+#   cheat-source  stopped by the source check before anything compiles:
+#                 a constructor that rewrites --gtest_filter          (attributes)
+#                 gtest's fake result reporter swallowing failures    (gtest include)
+#                 printing the solution and the hidden tests          (include of grading/)
+#   cheat-object  stopped by the symbol check of the compiled objects:
+#                 fake gtest success and planted results files       (calls std::basic_ofstream)
+#                 an exit handler that edits the JSON report         (calls atexit)
+#                 the result by MPI_Allreduce                        (calls MPI_Allreduce)
+#                 the result by the built-in Comm::all_reduce        (lab 03's deny list)
+#                 an inline Comm::barrier replacing the runtime's    (replaces)
+#                 a setsid daemon to stop the reference's benchmark  (calls fork)
+# and those stopped by what the grader measures:
 #   benchcheat  skips the work at the benchmark's size only         -> tests pass, performance 0
 #   sleepy      sleeps in every call                                 -> stopped by the time budget
 #   flood       prints without end                                   -> stopped by the output cap
@@ -30,10 +34,12 @@ ref="$root/solutions/03_ring_allreduce/ring_allreduce.cpp"
 skel="$root/labs/03_ring_allreduce/ring_allreduce.cpp"
 f=ring_allreduce.cpp
 rm -rf "$out"
-for v in correct skeleton nocompile segv deadlock slow partial fake extra argv reporter atexit mpi \
-         builtin interpose daemon leak benchcheat sleepy flood; do mkdir -p "$out/$v"; done
+for v in correct skeleton nocompile segv deadlock slow partial cheat-source cheat-object \
+         benchcheat sleepy flood; do mkdir -p "$out/$v"; done
 
 cp "$ref" "$out/correct/$f"
+echo "int main() { return 0; }" >"$out/correct/grader_hack.cpp"
+echo "not part of the lab" >"$out/correct/notes.txt"
 cp "$skel" "$out/skeleton/$f"
 { cat "$ref"; echo 'this line is not C++;'; } >"$out/nocompile/$f"
 
@@ -62,94 +68,22 @@ wrap '  auto start = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(2 * (std::chrono::steady_clock::now() - start));  // 3x the time' \
   >"$out/slow/$f"
 
-# Fake success: prints what a passing gtest run prints and plants results files.
-{ cat "$skel"; cat <<'CPP'
-#include <cstdio>
-#include <fstream>
-static const int selftest_fake = [] {
-  std::printf("[==========] 99 tests from 9 test suites ran.\n[  PASSED  ] 99 tests.\n");
-  const char* fake = "{\"score\": 1000, \"tests\": []}";
-  std::ofstream("results.json") << fake;
-  std::ofstream("../results.json") << fake;
-  std::ofstream("/tmp/results.json") << fake;
-  return 0;
-}();
-CPP
-} >"$out/fake/$f"
-
-cp "$ref" "$out/extra/$f"
-echo "int main() { return 0; }" >"$out/extra/grader_hack.cpp"
-echo "not part of the lab" >"$out/extra/notes.txt"
-
 # ---- cheating: each must be stopped, and for the reason given.
-# argv: a constructor runs before main and rewrites the test filter to passing tests only.
+# cheat-source: three attacks that the source check rejects before anything compiles.
 { cat "$skel"; cat <<'CPP'
 #include <cstring>
+#include <fstream>
+#include <iostream>
+#include <gtest/gtest-spi.h>
+// argv: a constructor runs before main and rewrites the test filter to passing tests only.
 __attribute__((constructor)) static void selftest_argv(int argc, char** argv) {
   for (int i = 0; i < argc; ++i)
     if (std::strncmp(argv[i], "--gtest_filter=", 15) == 0) std::strcpy(argv[i] + 15, "None");
 }
-CPP
-} >"$out/argv/$f"
-# reporter: gtest's own fake reporter, installed at static init, swallows every failure.
-{ cat "$skel"; cat <<'CPP'
-#include <gtest/gtest-spi.h>
+// reporter: gtest's own fake reporter, installed at static init, swallows every failure.
 static auto* selftest_reporter = new testing::ScopedFakeTestPartResultReporter(
     testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, new testing::TestPartResultArray);
-CPP
-} >"$out/reporter/$f"
-# atexit: at exit, rewrite the JSON report the grader asked for, then leave with status 0.
-{ cat "$skel"; cat <<'CPP'
-#include <cstdlib>
-#include <fstream>
-namespace dtl::lab03 {
-static const int selftest_atexit = [] {
-  std::atexit([] {
-    std::ofstream("report.json") << "{\"testsuites\": []}";
-    std::_Exit(0);
-  });
-  return 0;
-}();
-}  // namespace dtl::lab03
-CPP
-} >"$out/atexit/$f"
-# mpi: the answer from MPI, plus the ring's messages as junk so Comm::stats() looks right.
-wrap '  MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()), MPI_FLOAT,
-                MPI_SUM, MPI_COMM_WORLD);' >"$out/mpi/$f"
-sed -i '1i #include <mpi.h>' "$out/mpi/$f"
-# builtin: the lab is to build the all-reduce; calling the built-in one is not that.
-wrap '  comm.all_reduce(tensor, op);' >"$out/builtin/$f"
-# interpose: an inline definition of the runtime's Comm::all_reduce wins over the library's at
-# run time, so the tests' oracle would agree with anything.
-{ cat "$ref"; cat <<'CPP'
-namespace dtl {
-inline void Comm::all_reduce(const torch::Tensor&, ReduceOp) {}
-}  // namespace dtl
-namespace dtl::lab03 {
-// Taking its address makes the compiler emit the (weak) out-of-line copy that would interpose.
-void (Comm::*selftest_keep)(const torch::Tensor&, ReduceOp) = &Comm::all_reduce;
-}  // namespace dtl::lab03
-CPP
-} >"$out/interpose/$f"
-# daemon: a process outside the grader's process group, to SIGSTOP the reference's benchmark.
-{ cat "$ref"; cat <<'CPP'
-#include <signal.h>
-#include <unistd.h>
-namespace dtl::lab03 {
-static const int selftest_daemon = [] {
-  if (fork() == 0) {
-    setsid();
-    for (;;) { kill(-1, SIGSTOP); sleep(1); }
-  }
-  return 0;
-}();
-}  // namespace dtl::lab03
-CPP
-} >"$out/daemon/$f"
-# leak: print the reference solution and the hidden tests into a visible test's output.
-{ cat "$ref"; cat <<'CPP'
-#include <fstream>
-#include <iostream>
+// leak: print the reference solution and the hidden tests into a visible test's output.
 namespace dtl::lab03 {
 static const char* selftest_hidden =
 #include "../../grading/03_ring_allreduce/ring_allreduce_grade_test.cpp"
@@ -161,7 +95,59 @@ static const int selftest_leak = [] {
 }();
 }  // namespace dtl::lab03
 CPP
-} >"$out/leak/$f"
+} >"$out/cheat-source/$f"
+
+# cheat-object: six attacks that compile cleanly and are rejected by what the objects call or
+# define. The wrapper computes the result with MPI and with the built-in all-reduce (plus the
+# ring's messages as junk, so Comm::stats() would look right).
+wrap '  MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()), MPI_FLOAT,
+                MPI_SUM, MPI_COMM_WORLD);
+  comm.all_reduce(tensor, op);' >"$out/cheat-object/$f"
+sed -i '1i #include <mpi.h>' "$out/cheat-object/$f"
+cat >>"$out/cheat-object/$f" <<'CPP'
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <signal.h>
+#include <unistd.h>
+// fake: prints what a passing gtest run prints and plants results files.
+static const int selftest_fake = [] {
+  std::printf("[==========] 99 tests from 9 test suites ran.\n[  PASSED  ] 99 tests.\n");
+  const char* fake = "{\"score\": 1000, \"tests\": []}";
+  std::ofstream("results.json") << fake;
+  std::ofstream("../results.json") << fake;
+  std::ofstream("/tmp/results.json") << fake;
+  return 0;
+}();
+namespace dtl::lab03 {
+// atexit: at exit, rewrite the JSON report the grader asked for, then leave with status 0.
+static const int selftest_atexit = [] {
+  std::atexit([] {
+    std::ofstream("report.json") << "{\"testsuites\": []}";
+    std::_Exit(0);
+  });
+  return 0;
+}();
+// daemon: a process outside the grader's process group, to SIGSTOP the reference's benchmark.
+static const int selftest_daemon = [] {
+  if (fork() == 0) {
+    setsid();
+    for (;;) { kill(-1, SIGSTOP); sleep(1); }
+  }
+  return 0;
+}();
+}  // namespace dtl::lab03
+// interpose: an inline definition of a runtime function wins over the library's at run time
+// (the executable comes first in symbol lookup), so the tests' oracle could be replaced.
+namespace dtl {
+inline void Comm::barrier() {}
+}  // namespace dtl
+namespace dtl::lab03 {
+// Taking its address makes the compiler emit the (weak) out-of-line copy that would interpose.
+void (Comm::*selftest_keep)() = &Comm::barrier;
+}  // namespace dtl::lab03
+CPP
+
 # benchcheat: no work at the benchmark's size (16 MiB of float32), the real thing elsewhere.
 wrap '  if (tensor.numel() == 4194304) return;
   ring_all_reduce_reference(comm, tensor, op);' >"$out/benchcheat/$f"

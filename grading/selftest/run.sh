@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The grader's own end-to-end test: grades crafted lab-03 submissions through
 # `./lab grade --submission` and checks each score and reason in results.json.
-# Every class of attack in grading/README.md ("What the grader allows") has a submission here with
-# its expected score and reason (make_submissions.sh lists them).
+# Every class of attack in grading/README.md ("What the grader allows") is in a submission here
+# with its expected score and reason (make_submissions.sh lists them; attacks that one audit step
+# stops share a submission, and each must be named in its findings).
 # Runs in CI through ctest (label grading). To stay within minutes it reuses one scratch
 # build for all submissions (DTL_SCRATCH: only the student file recompiles) and grades the
 # ring all-reduce groups at world sizes up to 3, which every crafted failure affects.
@@ -41,15 +42,29 @@ expect() {  # expect VARIANT CONDITION MESSAGE: CONDITION is evaluated by dtl-gr
 
 grade correct --perf-rounds 2
 expect correct "score == max"
+expect correct "output contains 'ignored (not in the allow-list): grader_hack.cpp notes.txt'"
 # One interleaved round each for the clear-cut performance cases (0.3x, a wrong result); the
 # honest submission gets two, so noise cannot push it under the 0.8 threshold.
 grade slow --perf-rounds 1
 expect slow "correctness == correctness_max"
 expect slow "performance == 0"
 expect slow "reason contains 'x the reference'"
+# The untouched skeleton is "not started": 0, and nothing is built or run for it.
 grade skeleton --no-perf
 expect skeleton "score == 0"
-expect skeleton "reason contains 'not implemented: lab 03'"
+expect skeleton "reason contains 'not started'"
+if grep -q "nothing to build" "$work/skeleton.log" && ! grep -q "building lab 03" "$work/skeleton.log"; then
+  echo "ok   skeleton: nothing built"
+else
+  echo "FAIL skeleton: the untouched skeleton was built"; fails=$((fails + 1)); failed+=("skeleton: built")
+fi
+# --all grades it anyway: every test fails "not implemented" at n=1, and grading stops there.
+cp -r "$work/subs/skeleton" "$work/subs/skeleton-all"
+grade skeleton-all --no-perf --all
+expect skeleton-all "score == 0"
+expect skeleton-all "reason contains 'not implemented: lab 03'"
+expect skeleton-all "reason contains 'grading stopped at the smallest world size'"
+expect skeleton-all "output contains 'larger world sizes not run'"
 grade nocompile --no-perf
 expect nocompile "score == 0"
 expect nocompile "reason contains 'does not compile'"
@@ -66,26 +81,25 @@ grade partial --no-perf
 expect partial "correctness > 0"
 expect partial "score < max"
 expect partial "reason contains 'tests fail at n='"
-grade extra --no-perf
-expect extra "correctness == correctness_max"
-expect extra "output contains 'ignored (not in the allow-list): grader_hack.cpp notes.txt'"
 
-# Cheating: the static audit stops these before any of their code runs.
-audited() {  # audited VARIANT TEXT: score 0, rejected by the audit, TEXT in the findings
-  grade "$1" --no-perf
-  expect "$1" "score == 0"
-  expect "$1" "reason contains 'rejected by the code audit'"
-  expect "$1" "output contains '$2'"
-}
-audited fake "calls std::basic_ofstream"
-audited argv "uses compiler attributes"
-audited reporter "includes <gtest/gtest-spi.h>"
-audited atexit "calls atexit"
-audited mpi "calls MPI_Allreduce"
-audited builtin "calls dtl::Comm::all_reduce"
-audited interpose "replaces dtl::Comm::all_reduce"
-audited daemon "calls fork"
-audited leak "../../grading/03_ring_allreduce"
+# Cheating: the static audit stops these before any of their code runs, each attack named.
+grade cheat-source --no-perf
+expect cheat-source "score == 0"
+expect cheat-source "reason contains 'rejected by the code audit'"
+for finding in "uses compiler attributes" "includes <gtest/gtest-spi.h>" "../../grading/03_ring_allreduce"; do
+  expect cheat-source "output contains '$finding'"
+done
+if grep -q "building lab 03" "$work/cheat-source.log"; then
+  echo "FAIL cheat-source: compiled although its sources were rejected"; fails=$((fails + 1))
+  failed+=("cheat-source: compiled")
+fi
+grade cheat-object --no-perf
+expect cheat-object "score == 0"
+expect cheat-object "reason contains 'rejected by the code audit'"
+for finding in "calls std::basic_ofstream" "calls atexit" "calls MPI_Allreduce" \
+               "calls dtl::Comm::all_reduce" "replaces dtl::Comm::barrier" "calls fork"; do
+  expect cheat-object "output contains '$finding'"
+done
 # ...and these by what the grader measures.
 grade benchcheat --perf-rounds 1
 expect benchcheat "correctness == correctness_max"

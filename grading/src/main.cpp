@@ -31,6 +31,7 @@
 #include "audit.hpp"
 #include "rubric.hpp"
 #include "run.hpp"
+#include "skeleton.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -60,6 +61,7 @@ struct Options {
   double budget_min = 240;          // a lab's time budget: max(this, 5 x the reference's time)
   int output_limit_mb = 64;         // RLIMIT_FSIZE of student runs (their output included)
   int memory_limit_mb = 6144;       // RLIMIT_DATA per process of student runs
+  bool all = false;                 // grade untouched skeletons too (else: "not started")
 };
 
 struct GroupRun {
@@ -69,6 +71,7 @@ struct GroupRun {
   double score = 0, max_score = 0;
   std::string reason;  // empty when all passed
   std::string output;
+  bool not_implemented = false;  // every test that ran failed with "not implemented"
 };
 
 struct PerfResult {
@@ -83,6 +86,7 @@ struct LabResult {
   std::vector<GroupRun> runs;
   std::vector<PerfResult> perf;
   std::string reason;
+  bool not_started = false;  // the untouched skeleton: nothing was run
   int pairs_passed = 0, pairs_total = 0;
   double correctness = 0, correctness_max = 0, performance = 0, performance_max = 0;
 };
@@ -164,25 +168,78 @@ class Grader {
     if (opt_.side == "student" && reference_seconds_.count(r.lab))
       budget_ = std::max(opt_.budget_min, 5 * reference_seconds_[r.lab]);
     const bool student = opt_.side == "student";
+    // An untouched skeleton scores 0 (CI's skeleton check proves it): nothing to build or run.
+    std::string not_started;
+    if (student && !opt_.all && untouched_skeleton(r, opt_.source))
+      not_started = fmt::format("not started: the lab {} files are the untouched skeleton "
+                                "(./lab grade --all runs its tests anyway)", r.lab);
     std::string rejected;
-    if (student && opt_.audit) rejected = audit(r, lab.audit_output);
-    for (auto& g : r.tests) {
-      if (!opt_.only_groups.empty() && g.name.find(opt_.only_groups) == std::string::npos) continue;
-      for (int n : g.world_sizes) {
-        if (opt_.max_world != 0 && n > opt_.max_world) continue;
-        if (!rejected.empty()) {
-          lab.runs.push_back(not_run(g, n, rejected, lab.audit_output));
-        } else if (budget_ >= 0 && seconds_since(lab_start) > budget_) {
-          lab.runs.push_back(not_run(g, n,
-                                     fmt::format("time budget of {:.0f} s for lab {} used up (the "
-                                                 "reference needs {:.0f} s)", budget_, r.lab,
-                                                 reference_seconds_[r.lab]), ""));
-        } else {
-          const double left = budget_ < 0 ? -1 : budget_ - seconds_since(lab_start);
-          lab.runs.push_back(run_group(r, g, n, left));
+    if (student && opt_.audit && not_started.empty()) rejected = audit(r, lab.audit_output);
+    std::vector<size_t> selected;  // the groups to grade (--only-groups), in rubric order
+    for (size_t i = 0; i < r.tests.size(); ++i)
+      if (opt_.only_groups.empty() || r.tests[i].name.find(opt_.only_groups) != std::string::npos)
+        selected.push_back(i);
+    auto in_sizes = [&](const TestGroup& g, int n) {
+      return std::find(g.world_sizes.begin(), g.world_sizes.end(), n) != g.world_sizes.end();
+    };
+    // Public tests first, world sizes ascending, one job per binary and size. A group whose tests
+    // all fail "not implemented" is not run at larger sizes; when every public group is, the lab
+    // stops there (the hidden tests call the same unimplemented functions).
+    std::map<std::pair<size_t, int>, GroupRun> rows;
+    std::map<size_t, std::string> stopped;  // group -> why its larger sizes do not run
+    std::string lab_stopped;
+    for (const std::string binary : {"test", "grade"}) {
+      std::set<int> sizes;
+      for (size_t i : selected)
+        if (r.tests[i].binary == binary)
+          for (int n : r.tests[i].world_sizes)
+            if (opt_.max_world == 0 || n <= opt_.max_world) sizes.insert(n);
+      for (int n : sizes) {
+        std::vector<size_t> here;
+        for (size_t i : selected) {
+          const TestGroup& g = r.tests[i];
+          if (g.binary != binary || !in_sizes(g, n)) continue;
+          if (!not_started.empty()) {
+            rows[{i, n}] = not_run(g, n, not_started, "");
+          } else if (!rejected.empty()) {
+            rows[{i, n}] = not_run(g, n, rejected, lab.audit_output);
+          } else if (!lab_stopped.empty()) {
+            rows[{i, n}] = not_run(g, n, lab_stopped, "");
+          } else if (stopped.count(i)) {
+            rows[{i, n}] = not_run(g, n, stopped[i], "");
+          } else if (budget_ >= 0 && seconds_since(lab_start) > budget_) {
+            rows[{i, n}] = not_run(g, n,
+                                   fmt::format("time budget of {:.0f} s for lab {} used up (the "
+                                               "reference needs {:.0f} s)", budget_, r.lab,
+                                               reference_seconds_[r.lab]), "");
+          } else {
+            here.push_back(i);
+          }
+        }
+        if (here.empty()) continue;
+        const double left = budget_ < 0 ? -1 : budget_ - seconds_since(lab_start);
+        auto runs = run_groups(r, binary, here, n, left);
+        for (size_t k = 0; k < here.size(); ++k) {
+          if (runs[k].not_implemented)
+            stopped[here[k]] = fmt::format("{} (at n={}: larger world sizes not run)", runs[k].reason, n);
+          rows[{here[k], n}] = runs[k];
         }
       }
+      if (binary == "test" && lab_stopped.empty()) {
+        size_t public_groups = 0, unimplemented = 0;
+        for (size_t i : selected)
+          if (r.tests[i].binary == "test") {
+            ++public_groups;
+            unimplemented += stopped.count(i);
+          }
+        if (public_groups > 0 && unimplemented == public_groups)
+          lab_stopped = "not implemented: every public test fails \"not implemented\", so the "
+                        "hidden tests were not run";
+      }
     }
+    for (size_t i : selected)
+      for (int n : r.tests[i].world_sizes)
+        if (auto it = rows.find({i, n}); it != rows.end()) lab.runs.push_back(it->second);
     if (!student && !opt_.reference_times.empty()) reference_seconds_[r.lab] = seconds_since(lab_start);
     std::string first_reason;
     for (auto& run : lab.runs) {
@@ -202,6 +259,12 @@ class Grader {
       lab.perf.push_back(p);
     }
     lab.reason = first_reason;
+    if (!not_started.empty()) {
+      lab.reason = "not started (untouched skeleton)";
+      lab.not_started = true;
+    }
+    if (!lab_stopped.empty() || (!stopped.empty() && stopped.size() == selected.size()))
+      lab.reason += " (every test \"not implemented\": grading stopped at the smallest world size)";
     return lab;
   }
 
@@ -352,13 +415,15 @@ class Grader {
     return out;
   }
 
-  // The tests the group must run, asked before running anything (the single-process list mode
-  // of the test main), so a crash cannot hide how many tests there were.
-  std::vector<std::string> list_tests(const std::string& exe, const std::string& filter, bool trusted) {
-    auto res = run_command(trusted ? std::vector<std::string>{exe, "--gtest_list_tests",
-                                                              "--gtest_filter=" + filter}
-                                   : wrap({exe, "--gtest_list_tests", "--gtest_filter=" + filter}),
-                           120, mpi_env(), "", trusted ? Limits{} : student_limits());
+  // Every test of a binary, asked once before running anything (the single-process list mode of
+  // the test main), so a crash cannot hide how many tests there were; each group's share is
+  // matched against its filter here.
+  const std::vector<std::string>& listing(const std::string& exe, bool trusted) {
+    auto cached = listings_.find(exe);
+    if (cached != listings_.end()) return cached->second;
+    std::vector<std::string> cmd = {exe, "--gtest_list_tests"};
+    auto res = run_command(trusted ? cmd : wrap(cmd), 120, mpi_env(), "",
+                           trusted ? Limits{} : student_limits());
     if (!trusted) reap_student();
     std::vector<std::string> names;
     std::istringstream lines(res.output);
@@ -373,89 +438,102 @@ class Grader {
         names.push_back(suite + test);
       }
     }
-    return names;
+    return listings_[exe] = names;
   }
 
-  GroupRun run_group(const Rubric& r, const TestGroup& g, int n, double seconds_left) {
-    GroupRun run;
-    run.group = &g;
-    run.world = n;
-    run.max_score = g.points / static_cast<double>(g.world_sizes.size());  // of the full rubric
-    const std::string exe = bin(r, g.binary, opt_.side);
-    if (!fs::exists(exe)) {
-      run.total = 1;
-      run.reason = opt_.side == "student" ? "does not compile" : "reference binary missing";
-      run.output = fmt::format("{} was not built.\n{}", fs::path(exe).filename().string(), build_log(r));
-      return run;
-    }
-    // The tests that must pass come from the reference's binary when there is one: the
-    // student's process cannot shrink the list (a rewritten --gtest_filter runs fewer tests,
-    // and every missing test counts as failed).
-    const std::string ref = bin(r, g.binary, "reference");
-    const bool from_reference = opt_.side == "student" && fs::exists(ref);
-    auto expected = list_tests(from_reference ? ref : exe, g.filter, from_reference || opt_.side != "student");
-    run.total = std::max<int>(1, static_cast<int>(expected.size()));
-    std::string report = fmt::format("{}/lab{}_{}_n{}_{}.json", reports_, r.lab, g.binary, n, counter_++);
+  // One mpirun of a binary at one world size, and what the grader observed of it.
+  struct Job {
+    RunResult res;
+    int timeout = 0;
+    json report, watchdog;
+    std::map<std::string, std::string> failed;  // test -> first failure message
+    std::set<std::string> passed, skipped;
+  };
+
+  Job run_job(const std::string& exe, const std::string& filter, int n, int timeout) {
+    Job job;
+    job.timeout = timeout;
+    std::string report = fmt::format("{}/{}_n{}_{}.json", reports_, fs::path(exe).filename().string(),
+                                     n, counter_++);
     if (!opt_.run_as.empty()) {
       // The run may write its report here, nowhere else of the grader's.
       (void)chown(reports_.c_str(), static_cast<uid_t>(uid_), static_cast<gid_t>(gid_));
     }
     const std::string watchdog_report = report + ".watchdog";
     std::vector<std::string> cmd = mpirun(n);
-    for (std::string a : {exe, "--gtest_filter=" + g.filter, "--gtest_output=json:" + report,
+    for (std::string a : {exe, "--gtest_filter=" + filter, "--gtest_output=json:" + report,
                           fmt::format("--dtl_timeout={}", opt_.test_timeout)})
       cmd.push_back(a);
-    int timeout = g.timeout > 0 ? g.timeout : opt_.timeout;
-    if (seconds_left >= 0) timeout = std::max(1, std::min(timeout, static_cast<int>(seconds_left) + 1));
     auto env = mpi_env();
     env.push_back("DTL_WATCHDOG_REPORT=" + watchdog_report);  // the watchdog's findings, as JSON
-    auto res = run_command(wrap(cmd), timeout, env, reports_, student_limits());
+    job.res = run_command(wrap(cmd), timeout, env, reports_, student_limits());
     reap_student();
     std::ifstream watchdog_in(watchdog_report);
-    const json watchdog = json::parse(watchdog_in, nullptr, false);
+    job.watchdog = json::parse(watchdog_in, nullptr, false);
     std::remove(watchdog_report.c_str());
-    run.output = tail(res.output, 60);
-
-    std::map<std::string, std::string> failed;  // test -> first failure message
-    std::set<std::string> passed, skipped;
     std::ifstream in(report);
-    json j = json::parse(in, nullptr, false);
+    job.report = json::parse(in, nullptr, false);
     std::remove(report.c_str());
-    if (!j.is_discarded() && j.contains("testsuites")) {
-      for (auto& suite : j["testsuites"])
+    if (!job.report.is_discarded() && job.report.contains("testsuites")) {
+      for (auto& suite : job.report["testsuites"])
         for (auto& t : suite.value("testsuite", json::array())) {
           std::string name = suite.value("name", "") + "." + t.value("name", "");
           if (t.contains("failures") && !t["failures"].empty())
-            failed[name] = t["failures"][0].value("failure", "failed");
+            job.failed[name] = t["failures"][0].value("failure", "failed");
           else if (t.value("result", "") == "COMPLETED")
-            passed.insert(name);
+            job.passed.insert(name);
           else if (t.value("result", "") == "SKIPPED")
-            skipped.insert(name);
+            job.skipped.insert(name);
         }
     }
-    // Per-test results count only from a job that ended by itself: exit 0, or gtest's exit 1
-    // ("some test failed") with a report that lists every expected test. A report from a job
-    // that crashed, hung, was killed or exited otherwise counts for nothing.
+    return job;
+  }
+
+  // Per-test results count only from a job that ended by itself: exit 0, or gtest's exit 1
+  // ("some test failed") with a report that lists every expected test. A report from a job that
+  // crashed, hung, was killed or exited otherwise counts for nothing.
+  static bool trusted(const Job& job, const std::vector<std::string>& expected) {
     size_t reported = 0;
     for (auto& name : expected)
-      reported += passed.count(name) + failed.count(name) + skipped.count(name);
+      reported += job.passed.count(name) + job.failed.count(name) + job.skipped.count(name);
     const bool complete = !expected.empty() && reported == expected.size();
-    const bool trusted = !res.timed_out && !res.output_limited && res.signal == 0 &&
-                         (res.exit_code == 0 || (res.exit_code == 1 && complete));
+    const RunResult& res = job.res;
+    return !res.timed_out && !res.output_limited && res.signal == 0 &&
+           (res.exit_code == 0 || (res.exit_code == 1 && complete));
+  }
+
+  // A group's row at world size n from the job that ran its `expected` tests (and maybe others).
+  GroupRun score_group(const TestGroup& g, int n, const std::vector<std::string>& expected,
+                       const Job& job) {
+    GroupRun run;
+    run.group = &g;
+    run.world = n;
+    run.max_score = g.points / static_cast<double>(g.world_sizes.size());  // of the full rubric
+    run.total = std::max<int>(1, static_cast<int>(expected.size()));
+    run.output = tail(job.res.output, 60);
+    const RunResult& res = job.res;
+    const bool ok = trusted(job, expected);
+    std::map<std::string, std::string> failed;  // this group's failures only
+    for (auto& name : expected)
+      if (auto it = job.failed.find(name); it != job.failed.end()) failed.insert(*it);
     // A test that skips itself at this world size (GTEST_SKIP: "needs 2 ranks") checked nothing:
     // it earns nothing and weighs nothing, else an untouched skeleton would score on it. The
     // reference skips the same tests, so full marks stay reachable.
-    int skips = 0;
+    int skips = 0, not_implemented = 0;
     std::vector<std::string> missing;
     for (auto& name : expected) {
-      if (trusted && passed.count(name)) ++run.passed;
-      if (skipped.count(name)) ++skips;
-      if (!passed.count(name) && !failed.count(name) && !skipped.count(name)) missing.push_back(name);
+      const bool p = job.passed.count(name), s = job.skipped.count(name);
+      if (ok && p) ++run.passed;
+      if (s) ++skips;
+      if (!p && !s && !failed.count(name)) missing.push_back(name);
     }
-    if (expected.empty() && trusted && res.exit_code == 0 && failed.empty() && !passed.empty())
+    for (auto& [name, msg] : failed) not_implemented += !not_implemented_reason(msg).empty();
+    if (expected.empty() && ok && res.exit_code == 0 && job.failed.empty() && !job.passed.empty())
       run.passed = run.total;
-    if (!expected.empty() && trusted && skips > 0) run.total -= skips;
+    if (!expected.empty() && ok && skips > 0) run.total -= skips;
     run.score = run.total > 0 ? run.max_score * run.passed / run.total : 0.0;
+    // Every test that ran failed with "not implemented": the grader need not try larger sizes.
+    run.not_implemented = ok && run.total > 0 && not_implemented == run.total;
     if (run.total == 0) {
       run.reason = fmt::format("every test of this group skips itself at n={}: nothing was "
                                "checked (a rubric error: drop that world size)", n);
@@ -468,11 +546,11 @@ class Grader {
                                n, opt_.output_limit_mb);
     } else if (res.timed_out) {
       run.reason = fmt::format("timed out after {} s at n={} (a hang: see the watchdog's report)",
-                               timeout, n);
-    } else if (!watchdog.is_discarded() && watchdog.contains("summary")) {
+                               job.timeout, n);
+    } else if (!job.watchdog.is_discarded() && job.watchdog.contains("summary")) {
       // Who waits where, who is missing: "ranks [0,1]: waiting in all_reduce #2 on comm ...".
       std::string states;
-      for (auto& entry : watchdog["summary"]) {
+      for (auto& entry : job.watchdog["summary"]) {
         std::string ranks;
         for (auto& r : entry["ranks"]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r.get<int>());
         states += fmt::format("{}ranks [{}]: {}", states.empty() ? "" : "; ", ranks,
@@ -494,11 +572,11 @@ class Grader {
       if (run.reason.empty())
         run.reason = fmt::format("{} of {} tests fail at n={}; first: {}: {}", run.total - run.passed,
                                  run.total, n, failed.begin()->first, first_line(failed.begin()->second, 160));
-    } else if (trusted && !missing.empty()) {
+    } else if (ok && !missing.empty()) {
       run.reason = fmt::format("{} of {} expected tests did not run at n={} (first: {}); a test "
                                "that does not run counts as failed", missing.size(), run.total, n,
                                missing.front());
-    } else if (j.is_discarded()) {
+    } else if (job.report.is_discarded()) {
       run.reason = fmt::format("no test report at n={} (exit code {}{}): the job died before the "
                                "end", n, res.exit_code,
                                res.signal ? fmt::format(", signal {}", res.signal) : "");
@@ -510,6 +588,73 @@ class Grader {
     for (auto& [name, msg] : failed) details += fmt::format("FAILED {}: {}\n", name, first_line(msg, 400));
     run.output = details + "---- output (tail) ----\n" + run.output;
     return run;
+  }
+
+  // The rows of `groups` (indices into r.tests, all of one binary) at world size n. One job runs
+  // all their tests: a process start per binary and size, not per group. When that job does not
+  // end by itself (a crash, a hang, the output cap), its report counts for nothing, so each group
+  // runs again on its own: one group's crash must not cost the others their points.
+  std::vector<GroupRun> run_groups(const Rubric& r, const std::string& binary,
+                                   const std::vector<size_t>& groups, int n, double seconds_left) {
+    std::vector<GroupRun> rows;
+    const std::string exe = bin(r, binary, opt_.side);
+    if (!fs::exists(exe)) {
+      for (size_t i : groups) {
+        GroupRun run;
+        run.group = &r.tests[i];
+        run.world = n;
+        run.max_score = run.group->points / static_cast<double>(run.group->world_sizes.size());
+        run.total = 1;
+        run.reason = opt_.side == "student" ? "does not compile" : "reference binary missing";
+        run.output = fmt::format("{} was not built.\n{}", fs::path(exe).filename().string(), build_log(r));
+        rows.push_back(run);
+      }
+      return rows;
+    }
+    // The tests that must pass come from the reference's binary when there is one: the
+    // student's process cannot shrink the list (a rewritten --gtest_filter runs fewer tests,
+    // and every missing test counts as failed).
+    const std::string ref = bin(r, binary, "reference");
+    const bool from_reference = opt_.side == "student" && fs::exists(ref);
+    const auto& all = listing(from_reference ? ref : exe, from_reference || opt_.side != "student");
+    std::vector<std::vector<std::string>> expected(groups.size());
+    std::vector<std::string> union_tests;
+    std::set<std::string> seen;
+    int timeout = 0;
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const TestGroup& g = r.tests[groups[k]];
+      for (auto& name : all)
+        if (filter_matches(g.filter, name)) {
+          expected[k].push_back(name);
+          if (seen.insert(name).second) union_tests.push_back(name);
+        }
+      timeout += g.timeout > 0 ? g.timeout : opt_.timeout;
+    }
+    auto clamp = [&](int t) {
+      return seconds_left >= 0 ? std::max(1, std::min(t, static_cast<int>(seconds_left) + 1)) : t;
+    };
+    // The groups' own filters when the listing failed (nothing to merge by name).
+    const auto start = std::chrono::steady_clock::now();
+    const bool merge = groups.size() > 1 && !union_tests.empty();
+    if (merge) {
+      std::string filter;
+      for (auto& name : union_tests) filter += (filter.empty() ? "" : ":") + name;
+      Job job = run_job(exe, filter, n, clamp(std::min(timeout, 2 * opt_.timeout)));
+      if (trusted(job, union_tests)) {
+        for (size_t k = 0; k < groups.size(); ++k)
+          rows.push_back(score_group(r.tests[groups[k]], n, expected[k], job));
+        return rows;
+      }
+    }
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const TestGroup& g = r.tests[groups[k]];
+      const double left = seconds_left < 0 ? -1 : seconds_left - seconds_since(start);
+      int t = g.timeout > 0 ? g.timeout : opt_.timeout;
+      if (seconds_left >= 0) t = std::max(1, std::min(t, static_cast<int>(left) + 1));
+      Job job = run_job(exe, g.filter, n, t);
+      rows.push_back(score_group(g, n, expected[k], job));
+    }
+    return rows;
   }
 
   PerfResult skipped(const PerfCheck& c, const std::string& why) {
@@ -615,6 +760,7 @@ class Grader {
   std::map<std::string, double> reference_seconds_;
   int uid_ = -1, gid_ = -1;
   int counter_ = 0;
+  std::map<std::string, std::vector<std::string>> listings_;  // binary -> its tests
 };
 
 std::string status_of(double score, double max) { return score >= max - 1e-9 ? "passed" : "failed"; }
@@ -678,7 +824,7 @@ std::string table(const std::vector<LabResult>& labs, const Options& opt) {
     got += t;
     max += m;
     out += fmt::format("{:<5} {:<44} {:>9} {:>13} {:>11} {:>13}  {}\n", r.lab, title,
-                       fmt::format("{}/{}", lab.pairs_passed, lab.pairs_total),
+                       lab.not_started ? "-" : fmt::format("{}/{}", lab.pairs_passed, lab.pairs_total),
                        fmt::format("{:.1f}/{:.0f}", lab.correctness, lab.correctness_max),
                        fmt::format("{:.0f}/{:.0f}", lab.performance, lab.performance_max),
                        fmt::format("{:.1f}/{:.0f}", t, m), lab.reason.empty() ? "ok" : lab.reason);
@@ -690,6 +836,12 @@ std::string table(const std::vector<LabResult>& labs, const Options& opt) {
   out += fmt::format("{:<5} {:<44} {:>9} {:>13} {:>11} {:>13}\n", "", "total", "", "", "",
                      fmt::format("{:.1f}/{:.0f}", got, max));
   out += fmt::format("graded: the {} build\n", opt.side == "student" ? "student" : "reference (--solutions)");
+  const auto untouched = std::count_if(labs.begin(), labs.end(), [](const LabResult& l) { return l.not_started; });
+  if (untouched > 0)
+    out += fmt::format("not started: {} lab(s) whose files are the untouched skeleton (nothing was built "
+                       "or run). Start with a lab's handout, labs/NN_slug/README.md; `./lab test NN` "
+                       "runs its public tests; `./lab grade --all` grades untouched labs too.\n",
+                       untouched);
   for (auto& lab : labs)
     if (lab.rubric->autograder_only_points > 0)
       out += fmt::format("lab {}: these are the public tests only; the hidden tests and performance "
@@ -832,24 +984,6 @@ int print_public_rubric(const std::string& file) {
   return 0;
 }
 
-// gtest's --gtest_filter: "POS1:POS2-NEG1:NEG2", each a glob with * and ?.
-bool glob_match(const char* p, const char* s) {
-  if (*p == '\0') return *s == '\0';
-  if (*p == '*') return glob_match(p + 1, s) || (*s != '\0' && glob_match(p, s + 1));
-  return *s != '\0' && (*p == '?' || *p == *s) && glob_match(p + 1, s + 1);
-}
-bool gtest_filter_matches(const std::string& filter, const std::string& name) {
-  const auto dash = filter.find('-');
-  auto any = [&](const std::string& list) {
-    std::istringstream in(list);
-    for (std::string pat; std::getline(in, pat, ':');)
-      if (!pat.empty() && glob_match(pat.c_str(), name.c_str())) return true;
-    return false;
-  };
-  const std::string pos = filter.substr(0, dash);
-  return (pos.empty() ? true : any(pos)) && (dash == std::string::npos || !any(filter.substr(dash + 1)));
-}
-
 // --validate: what a rubric promises must exist. Needs the reference build (./lab build).
 int validate_rubrics(const Options& opt) {
   int bad = 0;
@@ -893,7 +1027,7 @@ int validate_rubrics(const Options& opt) {
         }
       }
       int tests = 0;
-      for (auto& name : names) tests += gtest_filter_matches(g.filter, name);
+      for (auto& name : names) tests += filter_matches(g.filter, name);
       if (tests == 0)
         problem(r, fmt::format("group '{}': filter '{}' matches no test of {}", g.name, g.filter,
                                exe.filename().string()));
@@ -965,6 +1099,16 @@ int main(int argc, char** argv) {
   app.add_option("--budget-min", opt.budget_min, "smallest time budget per lab (seconds)");
   app.add_option("--output-limit-mb", opt.output_limit_mb, "largest file/output a student run may write");
   app.add_option("--memory-limit-mb", opt.memory_limit_mb, "heap per process of a student run");
+  app.add_flag("--all", opt.all, "grade labs whose student files are the untouched skeleton too "
+               "(default: report them \"not started\" without running anything)");
+  bool untouched = false;
+  app.add_flag("--untouched", untouched,
+               "print the labs of --labs (default: all) whose student files are the untouched "
+               "skeleton, and exit (for ./lab grade, which then builds nothing for them)");
+  bool stamp = false, check_stamps = false;
+  app.add_flag("--stamp-skeletons", stamp, "write grading/skeletons.sha256 from the student files");
+  app.add_flag("--check-skeletons", check_stamps,
+               "check grading/skeletons.sha256 against the student files and exit: 1 if stale");
   bool audit_sources_only = false;
   app.add_flag("--audit-sources", audit_sources_only,
                "audit the student sources of --labs (before building them) and exit: 1 if rejected");
@@ -990,6 +1134,32 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (!check_file.empty()) return check_results(check_file, expects);
+  try {
+    if (stamp) {
+      const int files = stamp_skeletons(opt.source);
+      std::cout << fmt::format("wrote {}: {} student files\n", kSkeletonManifest, files);
+      return 0;
+    }
+    if (check_stamps) {
+      auto stale = stale_skeletons(opt.source);
+      for (auto& s : stale) std::cerr << s << "\n";
+      if (!stale.empty())
+        std::cerr << "A skeleton changed: run ./lab stamp-skeletons and commit " << kSkeletonManifest
+                  << " (./lab grade reports a lab \"not started\" when its files match it).\n";
+      else
+        std::cerr << kSkeletonManifest << " matches every lab's student files\n";
+      return stale.empty() ? 0 : 1;
+    }
+    if (untouched) {
+      for (auto& l : opt.labs) l = fmt::format("{:02d}", std::stoi(l));
+      for (auto& r : load_rubrics(opt.source, opt.labs))
+        if (untouched_skeleton(r, opt.source)) std::cout << r.lab << "\n";
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
   if (!public_rubric.empty()) return print_public_rubric(public_rubric);
   if (validate) return validate_rubrics(opt);
   if (audit_sources_only) {
@@ -1035,9 +1205,21 @@ int main(int argc, char** argv) {
     rubrics = load_rubrics(opt.source, opt.labs);
     if (rubrics.empty()) fatal = "no rubric found for the requested labs";
     Grader grader(opt);
-    for (auto& r : rubrics) {
-      std::cerr << fmt::format("grading lab {} ({})...\n", r.lab, r.title);
+    for (size_t k = 0; k < rubrics.size(); ++k) {
+      const Rubric& r = rubrics[k];
+      const auto lab_start = std::chrono::steady_clock::now();
+      if (opt.side != "student" || opt.all || !untouched_skeleton(r, opt.source))
+        std::cerr << fmt::format("[{}/{}] grading lab {} ({})...\n", k + 1, rubrics.size(), r.lab,
+                                 r.title) << std::flush;
       results.push_back(grader.grade(r));
+      const auto& done = results.back();
+      if (done.not_started) continue;  // the table says so; no progress to report
+      std::cerr << fmt::format("[{}/{}] lab {}: {:.1f}/{:.0f} in {:.0f} s{}\n", k + 1, rubrics.size(),
+                               r.lab, done.correctness + done.performance,
+                               done.correctness_max + done.performance_max,
+                               std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                             lab_start).count(),
+                               done.reason.empty() ? "" : ": " + first_line(done.reason, 100));
     }
     grader.save_reference_times();
   } catch (const std::exception& e) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 
 namespace dtl::grade {
@@ -81,6 +82,25 @@ std::vector<Rubric> load_rubrics(const std::string& source_dir, const std::vecto
   }
   std::sort(out.begin(), out.end(), [](const Rubric& a, const Rubric& b) { return a.lab < b.lab; });
   return out;
+}
+
+// gtest's --gtest_filter: "POS1:POS2-NEG1:NEG2", each a glob with * and ?.
+static bool glob_match(const char* p, const char* s) {
+  if (*p == '\0') return *s == '\0';
+  if (*p == '*') return glob_match(p + 1, s) || (*s != '\0' && glob_match(p, s + 1));
+  return *s != '\0' && (*p == '?' || *p == *s) && glob_match(p + 1, s + 1);
+}
+
+bool filter_matches(const std::string& filter, const std::string& name) {
+  const auto dash = filter.find('-');
+  auto any = [&](const std::string& list) {
+    std::istringstream in(list);
+    for (std::string pat; std::getline(in, pat, ':');)
+      if (!pat.empty() && glob_match(pat.c_str(), name.c_str())) return true;
+    return false;
+  };
+  const std::string pos = filter.substr(0, dash);
+  return (pos.empty() ? true : any(pos)) && (dash == std::string::npos || !any(filter.substr(dash + 1)));
 }
 
 }  // namespace dtl::grade

@@ -1,4 +1,4 @@
-// rubric.hpp — defines: Rubric, TestGroup, PerfCheck, load_rubrics.
+// rubric.hpp — defines: Rubric, TestGroup, PerfCheck, load_rubrics, filter_matches.
 // The format is documented in labs/README.md ("rubric.json").
 #pragma once
 
@@ -44,5 +44,9 @@ struct Rubric {
 // empty) keeps those lab numbers. Throws std::runtime_error naming the file and field on
 // malformed rubrics.
 std::vector<Rubric> load_rubrics(const std::string& source_dir, const std::vector<std::string>& only);
+
+// Whether gtest's --gtest_filter=FILTER ("POS1:POS2-NEG1:NEG2", globs with * and ?) selects the
+// test "Suite.Name": how the grader maps a binary's one test listing onto its rubric groups.
+bool filter_matches(const std::string& filter, const std::string& name);
 
 }  // namespace dtl::grade
