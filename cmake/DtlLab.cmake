@@ -83,7 +83,11 @@ function(dtl_add_lab)
     add_library(${lab}_${kind}_obj OBJECT ${sources})
     target_link_libraries(${lab}_${kind}_obj PUBLIC dtl_harness ${L_DEPENDS})
     target_include_directories(${lab}_${kind}_obj PUBLIC ${lab_dir})
-    dtl_use_torch(${lab}_${kind}_obj)
+    if(kind STREQUAL "bench")
+      dtl_use_torch(${lab}_${kind}_obj)  # benchmarks time code: the build type's -O2
+    else()
+      dtl_use_torch(${lab}_${kind}_obj DRIVER)
+    endif()
     set(_on_demand "${on_demand_sides}")  # macro arguments are not variables: IN_LIST needs one
     if(NOT reference IN_LIST sides)
       set(_on_demand "")  # without a reference, the student side is what `all` builds
