@@ -1,7 +1,7 @@
 // labs/04_ddp/ddp.hpp — the interface of lab 04 (the seam the tests call; do not edit).
 //
-// defines: DDPOptions, assign_buckets, verify_model_across_ranks, DistributedDataParallel,
-// and three given LibTorch helpers: GradReadyHook, queue_end_of_backward, bucket_view.
+// defines: DDPOptions, assign_buckets, verify_model_across_ranks, DistributedDataParallel;
+// uses three LibTorch helpers from the runtime: GradReadyHook, queue_end_of_backward, bucket_view.
 //
 // What PyTorch's DistributedDataParallel does inside (torch/nn/parallel/distributed.py and
 // torch/csrc/distributed/c10d/reducer.cpp; Li et al., VLDB 2020), rebuilt on dtl::Comm:
@@ -21,9 +21,6 @@
 // Words the tests look for in error messages are listed with each function ("...").
 #pragma once
 
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -34,6 +31,7 @@
 
 #include "dtl/comm.hpp"   // defines: Comm, Work, ReduceOp
 #include "dtl/error.hpp"  // defines: DTL_CHECK
+#include "dtl/hooks.hpp"  // defines: GradReadyHook, queue_end_of_backward, bucket_view
 
 namespace dtl::lab04 {
 
@@ -216,54 +214,19 @@ class DistributedDataParallel {
 
 // ---------------------------------------------------------------- given LibTorch helpers
 
-// Runs `on_ready` each time autograd has finished accumulating a gradient into param.grad()
-// (a post-hook on the parameter's AccumulateGrad node: when it runs, param.grad() holds the new
-// gradient). As long as this object lives; the destructor removes the hook.
-// Why an object: a parameter holds its AccumulateGrad node only weakly. If nobody else keeps a
-// shared_ptr to it, the node dies after each backward and the next backward builds a fresh one
-// without the hook: the hook silently never runs again. PyTorch's Reducer keeps its
-// grad_accumulators_ alive for the same reason.
-// Runs on autograd's thread, inside backward(). An exception thrown by on_ready ends that
-// backward() with the same exception.
-class GradReadyHook {
- public:
-  GradReadyHook(const torch::Tensor& param, std::function<void()> on_ready) {
-    DTL_CHECK(param.is_leaf() && param.requires_grad(),
-              "GradReadyHook: the tensor must be a leaf that requires grad");
-    accumulator_ = torch::autograd::impl::grad_accumulator(param);
-    DTL_CHECK(accumulator_ != nullptr, "GradReadyHook: the tensor has no gradient accumulator");
-    using torch::autograd::variable_list;
-    key_ = accumulator_->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [fn = std::move(on_ready)](const variable_list& outputs, const variable_list&) {
-          fn();
-          return outputs;
-        }));
-  }
-  ~GradReadyHook() { accumulator_->del_post_hook(key_); }
-  GradReadyHook(const GradReadyHook&) = delete;
-  GradReadyHook& operator=(const GradReadyHook&) = delete;
-
- private:
-  std::shared_ptr<torch::autograd::Node> accumulator_;
-  uintptr_t key_ = 0;
-};
-
-// Queues `fn` to run once when the backward() currently executing has finished computing every
-// gradient (still inside backward(): it returns after fn). Call it only from code that runs
-// inside a backward, e.g. a GradReadyHook. An exception thrown by fn comes out of backward().
-// PyTorch's Reducer queues its finalize_backward the same way.
-inline void queue_end_of_backward(std::function<void()> fn) {
-  torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
-}
-
-// A tensor of shape `shape` over elements [offset, offset + numel) of the contiguous `flat`:
-// it shares flat's memory, but is not an autograd view of it (optimizer.zero_grad() calls
-// detach_(), which autograd forbids on views), so it can serve as a parameter's .grad().
-inline torch::Tensor bucket_view(const torch::Tensor& flat, int64_t offset, at::IntArrayRef shape) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor t = torch::empty({0}, flat.options());
-  t.set_(flat.storage(), flat.storage_offset() + offset, shape);
-  return t;
-}
+// From the runtime (dtl/hooks.hpp; lab 15's FSDP uses them too):
+//   GradReadyHook(param, on_ready)  runs on_ready each time autograd has accumulated a gradient
+//       into param.grad() (a post-hook on the parameter's AccumulateGrad node), as long as the
+//       object lives. Keep it alive: a parameter holds its AccumulateGrad node only weakly, so
+//       without an owner the node (and its hook) is rebuilt, hook-less, every backward.
+//       Runs on autograd's thread inside backward(); an exception from on_ready ends backward().
+//   queue_end_of_backward(fn)  runs fn once when the backward() now executing has computed every
+//       gradient (still inside backward()). Call it only from code that runs inside a backward.
+//   bucket_view(flat, offset, shape)  a tensor over elements [offset, offset + numel) of flat
+//       that shares its memory but is not an autograd view (so it can be a .grad(): LibTorch
+//       1.13's optimizer.zero_grad() calls detach_(), which autograd forbids on views).
+using dtl::bucket_view;
+using dtl::GradReadyHook;
+using dtl::queue_end_of_backward;
 
 }  // namespace dtl::lab04

@@ -1,5 +1,5 @@
 // Lab 14: ZeRO stages 1, 2 and 3 around AdamW.
-// Your code goes here; the contract is zero.hpp (the given pieces are in units.cpp).
+// Your code goes here; the contract is zero.hpp (the given pieces are in dtl/units.hpp and dtl/storage.hpp).
 #include "zero.hpp"
 
 #include <fmt/format.h>

@@ -1,7 +1,7 @@
 // labs/14_zero/zero.hpp — the interface of lab 14 (the seam the tests call; do not edit).
 //
-// defines: Precision, ModelStateBytes, shard_size, model_state_bytes, Unit, gpt_units,
-// unit_numels, unit_calls, free_storage, alloc_storage, ZeroOptimizer.
+// defines: Precision, ModelStateBytes, shard_size, model_state_bytes, ZeroOptimizer; uses
+// Unit, gpt_units, unit_numels, unit_calls, free_storage, alloc_storage from the runtime.
 //
 // ZeRO (Rajbhandari et al., SC'20) asks what a data-parallel rank really has to hold. Plain DP
 // keeps on every rank the full parameters, the full gradients and the full optimizer state:
@@ -34,6 +34,8 @@
 #include "dtl/error.hpp"  // defines: DTL_CHECK
 #include "dtl/model.hpp"  // defines: model::GPT, GPTConfig
 #include "dtl/optim.hpp"  // defines: OptimConfig
+#include "dtl/storage.hpp"  // defines: free_storage, alloc_storage
+#include "dtl/units.hpp"    // defines: Unit, gpt_units, unit_numels, unit_calls
 
 namespace dtl::lab14 {
 
@@ -80,33 +82,27 @@ ModelStateBytes model_state_bytes(int stage, const std::vector<int64_t>& unit_nu
 
 // ---------------------------------------------------------------- given: units and calls
 
-// A unit: the parameters one flat buffer holds, by name (as named_parameters() lists them).
-struct Unit {
-  std::string name;
-  std::vector<std::string> params;
-};
-
-// The course GPT's units, in the order forward first uses them: "embed" (wte, wpe), one unit
-// per block ("blocks.0", ...), "head" (ln_f, and lm_head when the head is not tied).
-std::vector<Unit> gpt_units(GPT& model);
-// The number of elements of each unit of gpt_units(model), in the same order: what
-// model_state_bytes takes.
-std::vector<int64_t> unit_numels(GPT& model);
-
-// The forward of the GPT as a sequence of calls, each with the units whose parameters it
-// reads: embed -> {embed}, block i -> {block i}, head -> {head}, plus {embed} when the head is
-// tied (it reads wte: a tied weight is gathered, and reduce-scattered, once per use).
-// unit_calls(model)[c] lists unit indices into gpt_units(model).
-std::vector<std::vector<int64_t>> unit_calls(GPT& model);
-
-// Storage surgery for stage 3, the C++ form of FSDP's storage resize: free_storage(t) releases
-// the memory of t's storage and leaves every tensor that views it (the module's parameters,
-// tensors autograd saved) with its shape but no bytes; alloc_storage(t) gives that storage
-// t.numel() elements again (uninitialised: all-gather into it). Views stay views of it, so
-// what autograd saved in forward reads the re-gathered values in backward. Works on any device
-// (the storage's own allocator).
-void free_storage(const torch::Tensor& t);
-void alloc_storage(const torch::Tensor& t);
+// From the runtime (dtl/units.hpp, dtl/storage.hpp), shared with lab 15 (FSDP):
+//   Unit                   a unit: its name and its parameters' names (as named_parameters())
+//   gpt_units(model)       the GPT's units in the order forward first uses them: "embed" (wte,
+//                          wpe), one per block ("blocks.0", ...), "head" (ln_f, and lm_head when
+//                          the head is not tied)
+//   unit_numels(model)     the elements of each unit: what model_state_bytes takes
+//   unit_calls(model)      the forward as a sequence of calls, each with the units it reads:
+//                          embed -> {embed}, block i -> {block i}, head -> {head}, plus {embed}
+//                          when the head is tied (it reads wte: a tied weight is gathered, and
+//                          reduce-scattered, once per use)
+//   free_storage(t)        release the memory of t's storage; every view of it keeps its shape
+//                          but no bytes (FSDP's storage resize to 0)
+//   alloc_storage(t)       give that storage t.numel() elements again (uninitialised: all-gather
+//                          into it); views stay views, so what autograd saved in forward reads
+//                          the re-gathered values in backward
+using dtl::alloc_storage;
+using dtl::free_storage;
+using dtl::gpt_units;
+using dtl::Unit;
+using dtl::unit_calls;
+using dtl::unit_numels;
 
 // ---------------------------------------------------------------- Tasks 2-4: the optimizer
 

@@ -1,13 +1,13 @@
-// units.cpp — lab 14: the given part (the GPT's units and calls, storage surgery).
-// Your work is in zero.cpp.
+// The course GPT's units (dtl/units.hpp).
+#include "dtl/units.hpp"
+
 #include <fmt/format.h>
 
 #include "dtl/error.hpp"
-#include "zero.hpp"
 
-namespace dtl::lab14 {
+namespace dtl {
 
-std::vector<Unit> gpt_units(GPT& model) {
+std::vector<Unit> gpt_units(model::GPT& model) {
   std::vector<Unit> units;
   units.push_back({"embed", {}});
   for (int64_t i = 0; i < model->config().n_layer; ++i)
@@ -27,18 +27,24 @@ std::vector<Unit> gpt_units(GPT& model) {
   return units;
 }
 
-std::vector<int64_t> unit_numels(GPT& model) {
+std::vector<int64_t> unit_numels(model::GPT& model, const std::vector<Unit>& units) {
   auto named = model->named_parameters();
   std::vector<int64_t> numels;
-  for (const Unit& unit : gpt_units(model)) {
+  for (const Unit& unit : units) {
     int64_t n = 0;
-    for (const auto& name : unit.params) n += named[name].numel();
+    for (const auto& name : unit.params) {
+      DTL_CHECK(named.contains(name), fmt::format("unit_numels: unit {} names {}, which the model "
+                                                  "does not have", unit.name, name));
+      n += named[name].numel();
+    }
     numels.push_back(n);
   }
   return numels;
 }
 
-std::vector<std::vector<int64_t>> unit_calls(GPT& model) {
+std::vector<int64_t> unit_numels(model::GPT& model) { return unit_numels(model, gpt_units(model)); }
+
+std::vector<std::vector<int64_t>> unit_calls(model::GPT& model) {
   const int64_t L = model->config().n_layer;
   std::vector<std::vector<int64_t>> calls = {{0}};
   for (int64_t i = 0; i < L; ++i) calls.push_back({1 + i});
@@ -50,18 +56,4 @@ std::vector<std::vector<int64_t>> unit_calls(GPT& model) {
   return calls;
 }
 
-void free_storage(const torch::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
-  s->set_nbytes(0);
-}
-
-void alloc_storage(const torch::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  DTL_CHECK(s->allocator() != nullptr, "alloc_storage: the storage has no allocator");
-  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
-  s->set_nbytes(bytes);
-}
-
-}  // namespace dtl::lab14
+}  // namespace dtl
