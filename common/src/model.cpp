@@ -91,6 +91,16 @@ std::string GPTConfig::to_string() const {
       vocab_size, seq_len, n_layer, n_head, d_model, ff(), dropout, tied_head, bias, seed);
 }
 
+GPTConfig GPTConfig::small() {
+  GPTConfig c;
+  c.vocab_size = 256;
+  c.seq_len = 64;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.d_model = 128;
+  return c;
+}
+
 GPTConfig GPTConfig::tiny() {
   GPTConfig c;
   c.vocab_size = 64;

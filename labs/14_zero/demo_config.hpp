@@ -8,15 +8,7 @@ namespace dtl::lab14::demo {
 
 // 4 blocks, d 128, 4 heads, V 256, T 64, tied head: six units (a block is 0.76 MiB of fp32),
 // big enough that the shards are not noise, small enough for four ranks on two cores.
-inline GPTConfig demo_config() {
-  GPTConfig cfg;
-  cfg.n_layer = 4;
-  cfg.d_model = 128;
-  cfg.n_head = 4;
-  cfg.vocab_size = 256;
-  cfg.seq_len = 64;
-  return cfg;
-}
+inline GPTConfig demo_config() { return GPTConfig::small(); }
 
 // No weight decay (ZeroOptimizer's flat shards cannot tell matrices from biases); eps 1e-6 so
 // that the benchmark's check against single-process AdamW is not at the mercy of eps-sized

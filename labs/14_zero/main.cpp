@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "dtl/cli.hpp"      // defines: add_model_options
 #include "dtl/data.hpp"     // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/error.hpp"    // defines: dtl::Error
 #include "dtl/log.hpp"      // defines: print0
@@ -123,11 +124,7 @@ int main(int argc, char** argv) {
   GPTConfig cfg = dtl::lab14::demo::demo_config();
   int steps = 5;
   int64_t rows = 4;
-  app.add_option("--layers", cfg.n_layer, "transformer blocks")->capture_default_str();
-  app.add_option("--d-model", cfg.d_model, "model width")->capture_default_str();
-  app.add_option("--heads", cfg.n_head, "attention heads")->capture_default_str();
-  app.add_option("--vocab", cfg.vocab_size, "vocabulary")->capture_default_str();
-  app.add_option("--seq", cfg.seq_len, "tokens per sequence")->capture_default_str();
+  dtl::add_model_options(app, cfg);
   app.add_option("--rows", rows, "sequences per rank per step")->capture_default_str();
   app.add_option("--steps", steps, "steps per stage (the first is warm-up)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -38,6 +38,10 @@ struct GPTConfig {
   void validate() const;
   std::string to_string() const;  // one line, every field
   static GPTConfig tiny();        // vocab 64, seq 16, 2 layers, 2 heads, d_model 32: for tests
+  // vocab 256, seq 64, 4 layers, 4 heads, d_model 128 (a block is 0.76 MiB of fp32): the demos of
+  // the sharding labs (14, 15), big enough that shards are not noise, small enough for four ranks
+  // on two cores.
+  static GPTConfig small();
 
   // Real models in this GPT family, for the lectures' back-of-the-envelope numbers.
   // GPT-3 175B (Brown et al. 2020, Table 2.1): 96 layers, d 12288, 96 heads, context 2048,

@@ -1,4 +1,5 @@
-// dtl/optim.hpp — defines: OptimConfig, make_adamw, cosine_lr, warmup_cosine_lr, set_lr.
+// dtl/optim.hpp — defines: OptimConfig, make_adamw, make_adamw_groups, cosine_lr, warmup_cosine_lr,
+// set_lr.
 //
 // The optimizer every lab trains with, in one place: AdamW with GPT-style hyper-parameters and
 // a cosine learning-rate schedule. A parallel lab must step exactly like the single-process
@@ -26,13 +27,12 @@ struct OptimConfig {
   int64_t warmup_steps = 0;   // warmup_cosine_lr: linear ramp from 0 over this many steps
 };
 
-// AdamW over `params`: decoupled weight decay on >= 2-D tensors (matrices, embeddings), none on
-// biases and LayerNorm gains, which decay would only pull toward 0. Parameter order (and so
-// the optimizer's state order) is the order given.
-inline std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params,
-                                                       const OptimConfig& c = {}) {
-  std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+// AdamW with the groups given: `decay` gets c.weight_decay, `no_decay` none. For tensors whose
+// own shape does not tell (FSDP's 1-D pieces of a flat shard, lab 15: a piece of a matrix
+// decays, a piece of a bias does not).
+inline std::unique_ptr<torch::optim::AdamW> make_adamw_groups(const std::vector<torch::Tensor>& decay,
+                                                              const std::vector<torch::Tensor>& no_decay,
+                                                              const OptimConfig& c = {}) {
   auto opts = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
         torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(wd));
@@ -41,6 +41,15 @@ inline std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::
   groups.emplace_back(decay, opts(c.weight_decay));
   groups.emplace_back(no_decay, opts(0.0));
   return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(c.lr));
+}
+// AdamW over `params`: decoupled weight decay on >= 2-D tensors (matrices, embeddings), none on
+// biases and LayerNorm gains, which decay would only pull toward 0. Parameter order (and so
+// the optimizer's state order) is the order given.
+inline std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params,
+                                                       const OptimConfig& c = {}) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  return make_adamw_groups(decay, no_decay, c);
 }
 // The same over every parameter of `model` (model.parameters() order).
 inline std::unique_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& model,

@@ -29,16 +29,8 @@ using dtl::lab14::ZeroOptimizer;
 using dtl::testing::device;
 using dtl::testing::fresh_comm;
 
-// AdamW for the equality tests. eps 1e-6: Adam divides by sqrt(v) + eps, which amplifies the
-// last-bit differences between a serial sum and a sum of shards for gradients near eps. A large
-// eps (1.0, far above sqrt(v)) makes the update proportional to the gradient: a gradient summed
-// instead of averaged over the ranks then shows.
-inline dtl::OptimConfig adamw(double eps = 1e-6) {
-  dtl::OptimConfig oc;
-  oc.eps = eps;
-  if (eps >= 1) oc.lr = 0.5;  // steps of lr * m / eps: large enough to see
-  return oc;
-}
+// AdamW for the equality tests (eps 1e-6; eps >= 1 shows a gradient summed over the ranks).
+inline dtl::OptimConfig adamw(double eps = 1e-6) { return dtl::testing::equality_adamw(eps); }
 
 // The tiny GPT's shape (2 heads, 16 tokens) with the given layers, width, head and vocabulary.
 inline GPTConfig config(int64_t layers = 2, int64_t d = 32, bool tied = true, int64_t vocab = 64) {
@@ -61,12 +53,7 @@ inline torch::Tensor serial_params(const GPTConfig& cfg, const dtl::data::Global
   });
 }
 
-// This rank's rows of step s's global batch (every rank the same number).
-inline torch::Tensor my_rows(const dtl::data::GlobalBatchSampler& sampler, int64_t step,
-                             const Comm& comm) {
-  const int64_t per = sampler.global_batch() / comm.size();
-  return sampler.rows(step, comm.rank() * per, (comm.rank() + 1) * per).to(device());
-}
+using dtl::testing::my_rows;
 
 inline void zero_step(ZeroOptimizer& zero, const torch::Tensor& rows) {
   zero.zero_grad();

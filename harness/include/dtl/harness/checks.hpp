@@ -1,5 +1,6 @@
 // dtl/harness/checks.hpp — defines: expect_close, assert_close, expect_same_on_all_ranks,
-// flat_params, flat_grads, params_close, expect_modules_close, serial (ground-truth helper).
+// flat_params, flat_grads, params_close, expect_modules_close, serial (ground-truth helper),
+// my_rows, equality_adamw.
 //
 // The oracles of the labs: a parallel result must equal serial single-process training from the
 // same seed and global batch, and every rank must agree. These checks say *where* they
@@ -16,8 +17,10 @@
 #include <vector>
 
 #include "dtl/comm.hpp"
+#include "dtl/data.hpp"
 #include "dtl/error.hpp"
 #include "dtl/model.hpp"
+#include "dtl/optim.hpp"
 #include "dtl/runtime.hpp"
 
 namespace dtl::testing {
@@ -42,6 +45,26 @@ inline model::GPTConfig gpt_config(int64_t layers, int64_t d, int64_t heads, int
   c.seq_len = seq_len;
   c.dropout = dropout;
   return c;
+}
+
+// This rank's rows of step `step`'s global batch, every rank the same number (the trainers of
+// labs 14 and 15 take their own rows, the serial oracle the whole batch).
+inline torch::Tensor my_rows(const data::GlobalBatchSampler& sampler, int64_t step, const Comm& comm) {
+  const int64_t per = sampler.global_batch() / comm.size();
+  return sampler.rows(step, comm.rank() * per, (comm.rank() + 1) * per).to(device());
+}
+
+// AdamW for equality tests against a serial or DDP oracle. eps 1e-6: Adam divides by
+// sqrt(v) + eps, which amplifies the last-bit differences between sums in different orders for
+// gradients near eps. eps >= 1 (far above sqrt(v)) makes the update proportional to the
+// gradient: a gradient summed instead of averaged over the ranks then shows (lr 0.5 makes those
+// steps large enough to see).
+inline OptimConfig equality_adamw(double eps = 1e-6, double weight_decay = 0.0) {
+  OptimConfig oc;
+  oc.eps = eps;
+  oc.weight_decay = weight_decay;
+  if (eps >= 1) oc.lr = 0.5;
+  return oc;
 }
 
 inline torch::TensorOptions device_options(torch::ScalarType dtype = torch::kFloat32) {
