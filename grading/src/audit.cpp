@@ -160,9 +160,16 @@ std::string qualified_name(const std::string& demangled) {
 std::vector<std::string> audit_objects(const std::vector<std::string>& objects,
                                        const AuditPolicy& p) {
   std::vector<std::regex> allow = {compile(kAllowCpp)}, allow_c = {compile(kAllowC)};
-  std::vector<std::regex> deny = {compile(kDenyDefault)};
-  for (auto& a : p.allow) allow.push_back(compile(a));
-  for (auto& d : p.deny) deny.push_back(compile(d));
+  std::vector<std::regex> rubric_allow, deny_default = {compile(kDenyDefault)}, rubric_deny;
+  for (auto& a : p.allow) rubric_allow.push_back(compile(a));
+  for (auto& d : p.deny) rubric_deny.push_back(compile(d));
+  allow.insert(allow.end(), rubric_allow.begin(), rubric_allow.end());
+  // A rubric's "allow" widens the default policy: a name it matches is exempt from the default
+  // deny list too (lab 17's file I/O: std::filesystem, fstream). The rubric's own "deny" always
+  // holds.
+  auto denied = [&](const std::string& q) {
+    return any_match(rubric_deny, q) || (any_match(deny_default, q) && !any_match(rubric_allow, q));
+  };
   const std::string own = fmt::format("dtl::lab{}::", p.lab);
   std::set<std::string> problems, weak_mangled;
   for (auto& obj : objects) {
@@ -170,7 +177,7 @@ std::vector<std::string> audit_objects(const std::vector<std::string>& objects,
       auto pos = line.find(" U ");
       if (pos == std::string::npos) continue;
       const std::string name = line.substr(pos + 3), q = qualified_name(name);
-      if (any_match(deny, q) || !(any_match(allow, q) || any_match(allow_c, name)))
+      if (denied(q) || !(any_match(allow, q) || any_match(allow_c, name)))
         problems.insert(fmt::format("calls {}", q == name ? name : q));
     }
     for (auto& line : run_nm("-g --defined-only", obj)) {
@@ -184,12 +191,18 @@ std::vector<std::string> audit_objects(const std::vector<std::string>& objects,
       // headers it uses (at::Tensor::~Tensor, std::vector<Foo>::push_back): allowed when they
       // belong to an allowed library and replace nothing that library defines (checked below).
       const bool weak = type == 'W' || type == 'V' || type == 'u';
-      if (weak && any_match(allow, q) && !any_match(deny, q)) continue;
+      if (weak && any_match(allow, q) && !denied(q)) continue;
       if (weak && starts_with(name, "guard variable for ")) continue;
       // RTTI of a compound type (typeinfo of "void (*)(torch::autograd::Node*)", which an autograd
       // Function's header code emits) has no qualified name; it is data, and harmless.
       if (weak && q.empty() && starts_with(name, "typeinfo")) continue;
       if (weak && starts_with(name, "DW.ref.") && any_match(allow_c, name.substr(7))) continue;
+      // The unwinder's reference to the typeinfo a catch clause names (catch (const
+      // std::exception&)): allowed when that type's library is.
+      if (weak && starts_with(name, "DW.ref._ZTI")) {
+        const std::string type = qualified_name(demangle(name.substr(7)));
+        if (any_match(allow, type) && !denied(type)) continue;
+      }
       problems.insert(
           fmt::format("defines {} outside namespace dtl::lab{} (keep helpers in the "
                       "lab's namespace or an anonymous one)",

@@ -22,7 +22,8 @@ namespace dtl::grade {
 
 struct AuditPolicy {
   std::string lab;                     // "03": student definitions must be in dtl::lab03
-  std::vector<std::string> allow;      // extra allowed patterns (ECMAScript regex, on the name)
+  std::vector<std::string> allow;      // extra allowed patterns (ECMAScript regex, on the name);
+                                       // a name they match is exempt from the default deny list
   std::vector<std::string> deny;       // extra denied patterns (e.g. the collectives lab 03 builds)
   std::vector<std::string> headers;    // the lab's own headers students may include
   std::vector<std::string> libraries;  // shared libraries the tests link (weak definitions may

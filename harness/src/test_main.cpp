@@ -14,6 +14,9 @@
 // * --dtl_expect_unimplemented inverts the verdict for the skeleton check: the run succeeds
 //   only if every test that ran failed, and failed with "not implemented" (a skeleton must
 //   fail loudly everywhere, never pass by accident or compute garbage).
+// * --dtl_job=NAME runs the DTL_JOB(NAME) of this binary instead of the tests (a child job a
+//   fault test launched with run_job, dtl/harness/jobs.hpp), under the same watchdog; each
+//   rank exits with the job body's return value.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -27,6 +30,7 @@
 #include <thread>
 
 #include "dtl/error.hpp"
+#include "dtl/harness/jobs.hpp"
 #include "dtl/runtime.hpp"
 #include "dtl/timer.hpp"
 
@@ -343,6 +347,7 @@ class RankListener : public ::testing::EmptyTestEventListener {
 struct HarnessFlags {
   double timeout = 120;
   bool expect_unimplemented = false;
+  std::string job;  // --dtl_job=NAME
 };
 
 // Takes --dtl_timeout=S and --dtl_expect_unimplemented out of argv.
@@ -356,6 +361,8 @@ HarnessFlags harness_flags(int& argc, char** argv) {
       f.timeout = std::atof(a.c_str() + 14);
     else if (a == "--dtl_expect_unimplemented")
       f.expect_unimplemented = true;
+    else if (a.rfind("--dtl_job=", 0) == 0)
+      f.job = a.substr(10);
     else
       argv[out++] = argv[i];
   }
@@ -376,6 +383,17 @@ int main(int argc, char** argv) {
     g_size = rt.world_size();
     MPI_Comm side;
     MPI_Comm_dup(MPI_COMM_WORLD, &side);
+    if (!flags.job.empty()) {
+      dtl::testing::JobMain job = dtl::testing::find_job(flags.job);
+      if (!job) throw dtl::Error("--dtl_job=" + flags.job + ": this binary has no such DTL_JOB");
+      std::vector<std::string> args(argv + 1, argv + argc);
+      Watchdog watchdog(flags.timeout, side);
+      watchdog.arm("job " + flags.job);
+      rc = job(args);
+      watchdog.disarm();
+      MPI_Comm_free(&side);
+      return rc;
+    }
     {
       Watchdog watchdog(flags.timeout, side);
       auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

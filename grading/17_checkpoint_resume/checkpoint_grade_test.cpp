@@ -1,0 +1,180 @@
+// Grading tests of lab 17 (hidden from students until the due date). They check nothing the
+// header does not promise: every dtype of the safetensors names, every world size to every
+// other, more kinds of damage (and verify_checksums off), keep_last 1 and re-saving a step
+// `latest` does not name, a longer exact resume, an async save whose error reaches wait() on
+// every rank, and a job killed on 4 ranks and restarted on 2.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/checkpoint_test_util.hpp"
+
+namespace lab17_test {
+namespace {
+
+TEST(GradeShard, EveryDtypeRoundTrips) {
+  auto comm = fresh_comm();
+  ScratchDir dir(*comm);
+  const std::string path = dir / fmt::format("r{}.safetensors", comm->rank());
+  std::vector<ShardEntry> entries = {
+      {"f64", torch::randn({3, 2}, torch::kFloat64)},
+      {"f16", torch::randn({5}).to(torch::kFloat16)},
+      {"bf16", torch::randn({4}).to(torch::kBFloat16)},
+      {"i32", torch::arange(7, torch::kInt32)},
+      {"u8", torch::arange(9, torch::kUInt8)},
+      {"bool", torch::tensor({true, false, true})},
+      {"empty", torch::zeros({0}, torch::kFloat32)}};
+  write_shard(path, entries);
+  const ShardHeader h = read_shard_header(path);
+  for (const auto& e : entries) {
+    ASSERT_EQ(h.tensors.count(e.name), 1u) << e.name;
+    const HeaderEntry& he = h.tensors.at(e.name);
+    EXPECT_EQ(he.dtype, safetensors_dtype(e.data.scalar_type())) << e.name;
+    EXPECT_EQ(he.shape, e.data.sizes().vec()) << e.name;
+    EXPECT_EQ(he.end - he.begin, static_cast<int64_t>(e.data.nbytes())) << e.name;
+    torch::Tensor back = torch::empty_like(e.data);
+    read_bytes(path, h.data_start + he.begin, back);
+    DTL_EXPECT_EQUAL(back, e.data) << e.name;
+  }
+}
+
+// Saved by k ranks, loaded by m ranks, for every k and m up to the world size.
+TEST(GradeLoad, EveryWorldSizeToEveryOther) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  for (int k = 1; k <= n; ++k) {
+    ScratchDir root(*comm);
+    on_sub(*comm, comm->split(r < k ? 0 : -1, r),
+           [&](Comm& saver) { save(root.path(), test_snapshot(r, k, k), saver); });
+    for (int m = 1; m <= n; ++m) {
+      on_sub(*comm, comm->split(r < m ? 0 : -1, r), [&](Comm& sub) {
+        Snapshot into = empty_like({}, r, m);
+        const LoadResult res = load_resharding(root.path(), into, sub);
+        EXPECT_EQ(res.saved_world_size, k);
+        EXPECT_EQ(into.step, k);
+        int64_t bytes = expect_same_slices(into, test_snapshot(r, m, k), fmt::format("{} -> {}", k, m));
+        if (k == m) bytes += static_cast<int64_t>(into.per_rank[0].value.nbytes());
+        EXPECT_EQ(res.payload_bytes_read, bytes) << k << " -> " << m;
+      });
+    }
+  }
+}
+
+TEST(GradeLoad, MoreDamage) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  ScratchDir root(*comm);
+  const std::string good = save(root.path(), test_snapshot(r, n, 5), *comm);
+  const std::string last = fmt::format("shard-{:05d}-of-{:05d}.safetensors", n - 1, n);
+  const std::string header_flip = root / "header-flip", data_flip = root / "data-flip";
+  if (r == 0) {
+    fs::copy(good, header_flip, fs::copy_options::recursive);
+    std::string b = slurp(header_flip + "/" + last);
+    b[12] ^= 0x01;  // inside the last rank's JSON header
+    spit(header_flip + "/" + last, b);
+    fs::copy(good, data_flip, fs::copy_options::recursive);
+    b = slurp(data_flip + "/" + last);
+    b[b.size() - 1] ^= 0x40;  // the last byte of the last rank's data
+    spit(data_flip + "/" + last, b);
+  }
+  comm->barrier();
+  Snapshot into = empty_like({}, r, n);
+  LoadOptions opts;
+  opts.checkpoint = header_flip;
+  const std::string msg = dtl::testing::error_of([&] { load(root.path(), into, *comm, opts); });
+  EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(last), std::string::npos) << msg;
+  // Without verification the flipped data byte loads (the check costs a full read of every file).
+  opts.checkpoint = data_flip;
+  opts.verify_checksums = false;
+  EXPECT_NO_THROW(load(root.path(), into, *comm, opts));
+  // `latest` naming a directory that is gone.
+  if (r == 0) spit(root / "latest", "step-00000077\n");
+  comm->barrier();
+  dtl::testing::expect_error_mentions([&] { load(root.path(), into, *comm); }, "no checkpoint");
+}
+
+TEST(GradeSave, KeepLastOneAndReplaceAStepLatestDoesNotName) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  ScratchDir root(*comm);
+  SaveOptions one;
+  one.keep_last = 1;
+  save(root.path(), test_snapshot(r, n, 5), *comm, one);
+  if (r == 0) {  // a step-6 left by a job killed between its rename and its `latest`
+    fs::create_directories(root / "step-00000006");
+    spit(root / "step-00000006/manifest.json", "{}");
+  }
+  comm->barrier();
+  save(root.path(), test_snapshot(r, n, 6), *comm, one);
+  comm->barrier();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root.path())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, std::vector<std::string>({"latest", "step-00000006"}));
+  Snapshot into = empty_like({}, r, n);
+  EXPECT_EQ(load(root.path(), into, *comm).step, 6);
+  DTL_EXPECT_EQUAL(into.sharded[0].local.cpu(), test_snapshot(r, n, 6).sharded[0].local.cpu());
+}
+
+TEST(GradeResume, SevenStepsSavedAtFourWithoutWarmupBitwise) {
+  auto comm = fresh_comm();
+  TrainConfig cfg = train_config(0.2, 7);
+  cfg.global_batch = 5;
+  cfg.optim.warmup_steps = 0;
+  ScratchDir root(*comm);
+  torch::manual_seed(7 + comm->rank());
+  Trainer straight(cfg, *comm);
+  for (int s = 0; s < 7; ++s) straight.train_step();
+  torch::manual_seed(7 + comm->rank());
+  {
+    Trainer first(cfg, *comm);
+    for (int s = 0; s < 4; ++s) first.train_step();
+    save(root.path(), state_of(first), *comm);
+  }
+  torch::manual_seed(12345);
+  Trainer resumed(cfg, *comm);
+  Snapshot state = state_of(resumed);
+  restore(resumed, state, load(root.path(), state, *comm));
+  for (int s = 4; s < 7; ++s) resumed.train_step();
+  DTL_EXPECT_EQUAL(resumed.flat_params(), straight.flat_params());
+}
+
+// The save fails on every rank (ROOT is a file); wait() raises a dtl::Error on every rank
+// instead of hanging or crashing.
+TEST(GradeAsync, AnErrorReachesWaitOnEveryRank) {
+  auto comm = fresh_comm();
+  ScratchDir dir(*comm);
+  if (comm->rank() == 0) spit(dir / "not-a-directory", "x");
+  comm->barrier();
+  AsyncSaver saver(*comm);
+  saver.save(dir / "not-a-directory", test_snapshot(comm->rank(), comm->size(), 1));
+  bool raised = false;
+  try {
+    saver.wait();
+  } catch (const dtl::NotImplemented&) {
+    throw;
+  } catch (const dtl::Error&) {
+    raised = true;
+  }
+  EXPECT_TRUE(raised);
+}
+
+TEST(GradeSupervisor, KilledOnFourRanksRestartedOnTwo) {
+  LAB17_ONLY_AT_WORLD_SIZE_1();
+  auto comm = fresh_comm();
+  ScratchDir straight(*comm), killed(*comm);
+  const auto clean = dtl::testing::run_job("lab17_train", 4, {"dir=" + straight.path(), "dropout=0"}, 90);
+  ASSERT_TRUE(clean.ok()) << clean.describe();
+  const auto runs = supervise(4, {"dir=" + killed.path(), "dropout=0"}, "rank=3,step=4,at=shard", 3,
+                              /*restart_ranks=*/2);
+  ASSERT_GE(runs.size(), 2u) << runs[0].describe();
+  EXPECT_EQ(runs[0].signal, 9) << runs[0].describe();
+  EXPECT_NE(runs[1].output.find("resumed_from=2 resharded=1"), std::string::npos) << runs[1].describe();
+  ASSERT_TRUE(runs.back().ok()) << runs.back().describe();
+  DTL_EXPECT_CLOSE(final_params(killed.path()), final_params(straight.path()), 1e-4, 1e-5);
+}
+
+}  // namespace
+}  // namespace lab17_test

@@ -1,0 +1,405 @@
+// Lab 17 public tests: the shard file format, the atomic save, loading with resharding and its
+// checks, exact resume (bitwise), the asynchronous save, and jobs killed during a save and
+// restarted by a supervisor. Run: ./lab test 17.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint_test_util.hpp"
+
+namespace lab17_test {
+namespace {
+
+using dtl::testing::expect_error_mentions;
+using nlohmann::json;
+
+// ---------------------------------------------------------------- Task 1: shard files
+
+TEST(ShardFile, IsInTheSafetensorsLayout) {
+  auto comm = fresh_comm();
+  ScratchDir dir(*comm);
+  const std::string path = dir / fmt::format("r{}.safetensors", comm->rank());
+  torch::Tensor a = torch::arange(6, torch::kFloat32).reshape({2, 3}).to(device());
+  torch::Tensor b = torch::tensor(std::vector<int64_t>{-1, 2, int64_t{1} << 40});
+  torch::Tensor c = torch::tensor({1.5, -2.0}, torch::kFloat64);
+  const FileInfo info = write_shard(path, {{"a", a}, {"b", b}, {"c", c}}, {{"who", "me"}});
+  const std::string bytes = slurp(path);
+  EXPECT_EQ(info.file, fs::path(path).filename().string());
+  EXPECT_EQ(info.bytes, static_cast<int64_t>(bytes.size()));
+  EXPECT_EQ(info.crc32, crc32(bytes.data(), bytes.size()));
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  EXPECT_EQ(n % 8, 0u) << "the header is padded to a multiple of 8 bytes";
+  ASSERT_LE(8 + n, bytes.size());
+  const json h = json::parse(bytes.substr(8, n));
+  EXPECT_EQ(h["a"]["dtype"], "F32");
+  EXPECT_EQ(h["a"]["shape"], json({2, 3}));
+  EXPECT_EQ(h["a"]["data_offsets"], json({0, 24}));
+  EXPECT_EQ(h["b"]["dtype"], "I64");
+  EXPECT_EQ(h["b"]["data_offsets"], json({24, 48}));
+  EXPECT_EQ(h["c"]["dtype"], "F64");
+  EXPECT_EQ(h["__metadata__"]["who"], "me");
+  ASSERT_EQ(bytes.size(), 8 + n + 64);
+  const char* data = bytes.data() + 8 + n;
+  EXPECT_EQ(std::memcmp(data, a.cpu().data_ptr(), 24), 0) << "raw little-endian bytes of a";
+  EXPECT_EQ(std::memcmp(data + 24, b.data_ptr(), 24), 0);
+  EXPECT_EQ(std::memcmp(data + 48, c.data_ptr(), 16), 0);
+}
+
+TEST(ShardFile, HeaderAndByteRangesAreReadAlone) {
+  auto comm = fresh_comm();
+  ScratchDir dir(*comm);
+  const std::string path = dir / fmt::format("r{}.safetensors", comm->rank());
+  torch::Tensor a = torch::arange(100, torch::kFloat32);
+  write_shard(path, {{"x", torch::zeros({3}, torch::kUInt8)}, {"a", a}});
+  const ShardHeader h = read_shard_header(path);
+  ASSERT_EQ(h.tensors.count("a"), 1u);
+  EXPECT_EQ(h.tensors.at("a").dtype, "F32");
+  EXPECT_EQ(h.tensors.at("a").shape, std::vector<int64_t>({100}));
+  EXPECT_EQ(h.tensors.at("a").begin, 3);
+  EXPECT_EQ(h.data_start % 8, 0);
+  torch::Tensor part = torch::empty({10}, torch::kFloat32);
+  read_bytes(path, h.data_start + h.tensors.at("a").begin + 40 * 4, part);
+  DTL_EXPECT_EQUAL(part, a.narrow(0, 40, 10));
+
+  expect_error_mentions([&] { read_shard_header(dir / "nothing-here"); }, "missing");
+  const std::string bytes = slurp(path);
+  spit(path, bytes.substr(0, 20));
+  expect_error_mentions([&] { read_shard_header(path); }, "truncated");
+  expect_error_mentions([&] { read_bytes(path, 16, part); }, "truncated");
+  std::string garbage = bytes;
+  garbage[9] = '#';  // inside the JSON
+  spit(path, garbage);
+  expect_error_mentions([&] { read_shard_header(path); }, "header");
+}
+
+// ---------------------------------------------------------------- Task 2: save
+
+TEST(Save, CommitsShardsManifestAndLatest) {
+  auto comm = fresh_comm();
+  const int n = comm->size();
+  ScratchDir root(*comm);
+  const Snapshot s = test_snapshot(comm->rank(), n, 3);
+  const std::string committed = save(root.path(), s, *comm);
+  EXPECT_EQ(committed, root / "step-00000003");
+  EXPECT_EQ(latest(root.path()), committed);
+  EXPECT_EQ(slurp(root / "latest"), "step-00000003\n");
+  comm->barrier();
+  for (const auto& e : fs::directory_iterator(root.path()))
+    EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << "left behind: " << e.path();
+  const json m = json::parse(slurp(committed + "/manifest.json"));
+  EXPECT_EQ(m["format"], "dtl-checkpoint-1");
+  EXPECT_EQ(m["step"], 3);
+  EXPECT_EQ(m["world_size"], n);
+  EXPECT_EQ(m["layout"], "test");
+  EXPECT_EQ(m["counters"]["answer"], 42);
+  EXPECT_EQ(m["tensors"]["a"]["shape"], json({5, 7}));
+  EXPECT_EQ(m["tensors"]["a"]["dtype"], "F32");
+  EXPECT_EQ(m["tensors"]["b"]["dtype"], "I64");
+  EXPECT_EQ(m["per_rank"], json({"rank_id"}));
+  // Chunks by offset, one per rank that holds elements, covering the tensor.
+  int64_t next = 0;
+  for (const auto& c : m["tensors"]["a"]["chunks"]) {
+    EXPECT_EQ(c["offset"].get<int64_t>(), next);
+    next += c["numel"].get<int64_t>();
+  }
+  EXPECT_EQ(next, 35);
+  ASSERT_EQ(m["files"].size(), static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const std::string file = fmt::format("shard-{:05d}-of-{:05d}.safetensors", r, n);
+    ASSERT_TRUE(m["files"].contains(file)) << file;
+    const std::string bytes = slurp(committed + "/" + file);
+    EXPECT_EQ(m["files"][file]["rank"], r);
+    EXPECT_EQ(m["files"][file]["bytes"].get<int64_t>(), static_cast<int64_t>(bytes.size()));
+    EXPECT_EQ(m["files"][file]["crc32"].get<uint32_t>(), crc32(bytes.data(), bytes.size()));
+  }
+  // This rank's shard holds its slices under their names and its own tensor under rank/.
+  const ShardHeader h = read_shard_header(committed + fmt::format("/shard-{:05d}-of-{:05d}.safetensors", comm->rank(), n));
+  EXPECT_EQ(h.tensors.count("a"), 1u);
+  EXPECT_EQ(h.tensors.count("rank/rank_id"), 1u);
+}
+
+TEST(Save, KeepsTheLastKAndIgnoresLeftovers) {
+  auto comm = fresh_comm();
+  ScratchDir root(*comm);
+  if (comm->rank() == 0) {  // what a save killed before its commit leaves behind
+    fs::create_directories(root / ".tmp-step-00000009");
+    spit(root / ".tmp-step-00000009/manifest.json", "{garbage");
+  }
+  comm->barrier();
+  SaveOptions keep2;
+  keep2.keep_last = 2;
+  for (int step = 1; step <= 4; ++step) {
+    save(root.path(), test_snapshot(comm->rank(), comm->size(), step), *comm, keep2);
+    EXPECT_EQ(latest(root.path()), root / fmt::format("step-{:08d}", step));
+  }
+  comm->barrier();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root.path())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, std::vector<std::string>({"latest", "step-00000003", "step-00000004"}));
+  expect_error_mentions(
+      [&] { save(root.path(), test_snapshot(comm->rank(), comm->size(), 4), *comm); }, "latest");
+}
+
+// ---------------------------------------------------------------- Task 3: load
+
+TEST(Load, RoundTripAtTheSameWorldSize) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  ScratchDir root(*comm);
+  const Snapshot saved = test_snapshot(r, n, 7);
+  save(root.path(), saved, *comm);
+  Snapshot into = empty_like(saved, r, n);
+  const LoadResult res = load(root.path(), into, *comm);
+  EXPECT_EQ(res.directory, root / "step-00000007");
+  EXPECT_EQ(res.step, 7);
+  EXPECT_EQ(res.saved_world_size, n);
+  EXPECT_FALSE(res.resharded);
+  EXPECT_EQ(into.step, 7);
+  EXPECT_EQ(into.counters, saved.counters);
+  int64_t want = 0;
+  for (size_t i = 0; i < saved.sharded.size(); ++i) {
+    DTL_EXPECT_EQUAL(into.sharded[i].local.cpu(), saved.sharded[i].local.cpu());
+    want += static_cast<int64_t>(saved.sharded[i].local.nbytes());
+  }
+  DTL_EXPECT_EQUAL(into.per_rank[0].value, saved.per_rank[0].value);
+  want += static_cast<int64_t>(saved.per_rank[0].value.nbytes());
+  EXPECT_EQ(res.payload_bytes_read, want) << "read exactly this rank's bytes";
+}
+
+// Saved by n ranks, loaded by every m in 1..n (a sub-Comm of the first m ranks), and saved by
+// 2 ranks, loaded by all n: each rank gets exactly its new slice and reads only those bytes.
+TEST(Load, ReshardsToOtherWorldSizes) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  ScratchDir root(*comm);
+  save(root.path(), test_snapshot(r, n, 1), *comm);
+  for (int m = 1; m <= n; ++m) {
+    on_sub(*comm, comm->split(r < m ? 0 : -1, r), [&](Comm& sub) {
+      Snapshot into = empty_like({}, r, m);
+      const LoadResult res = load_resharding(root.path(), into, sub);
+      EXPECT_EQ(res.resharded, m != n);
+      int64_t bytes = expect_same_slices(into, test_snapshot(r, m, 1),
+                                         fmt::format("saved on {} ranks, loaded on {}", n, m));
+      if (m != n) {
+        EXPECT_EQ(into.per_rank[0].value.min().item<int>(), -1) << "per-rank state kept when resharding";
+      } else {
+        bytes += static_cast<int64_t>(into.per_rank[0].value.nbytes());
+      }
+      EXPECT_EQ(res.payload_bytes_read, bytes) << "loaded on " << m << " ranks";
+    });
+  }
+  if (n >= 3) {  // 2 -> n
+    ScratchDir two(*comm);
+    on_sub(*comm, comm->split(r < 2 ? 0 : -1, r),
+           [&](Comm& pair) { save(two.path(), test_snapshot(r, 2, 1), pair); });
+    Snapshot into = empty_like({}, r, n);
+    load_resharding(two.path(), into, *comm);
+    expect_same_slices(into, test_snapshot(r, n, 1), fmt::format("2 -> {}", n));
+  }
+}
+
+// Each fault on a fresh copy of a good checkpoint; the error names the file and the check.
+TEST(Load, DamagedCheckpointsAreRejectedNamingTheFile) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  ScratchDir root(*comm);
+  const std::string good = save(root.path(), test_snapshot(r, n, 5), *comm);
+  const std::string shard = "shard-00000-of-" + fmt::format("{:05d}", n) + ".safetensors";
+  auto damaged = [&](const std::string& name, const std::function<void(const std::string&)>& damage) {
+    const std::string dir = root / name;
+    if (r == 0) {
+      fs::copy(good, dir, fs::copy_options::recursive);
+      damage(dir);
+    }
+    comm->barrier();
+    return dir;
+  };
+  auto load_dir = [&](const std::string& dir, Snapshot into) {
+    LoadOptions opts;
+    opts.checkpoint = dir;
+    load(root.path(), into, *comm, opts);
+  };
+  const Snapshot like = empty_like({}, r, n);
+  const std::string truncated = damaged("truncated", [&](const std::string& d) {
+    const std::string b = slurp(d + "/" + shard);
+    spit(d + "/" + shard, b.substr(0, b.size() - 5));
+  });
+  const std::string flipped = damaged("flipped", [&](const std::string& d) {
+    std::string b = slurp(d + "/" + shard);
+    b[b.size() - 3] ^= 0x10;
+    spit(d + "/" + shard, b);
+  });
+  const std::string missing = damaged("missing", [&](const std::string& d) { fs::remove(d + "/" + shard); });
+  for (const auto& [dir, word] : std::vector<std::pair<std::string, std::string>>{
+           {truncated, "truncated"}, {flipped, "checksum"}, {missing, "missing"}}) {
+    const std::string msg = dtl::testing::error_of([&] { load_dir(dir, like); });
+    EXPECT_NE(msg.find(word), std::string::npos) << "wanted '" << word << "': " << msg;
+    EXPECT_NE(msg.find(shard), std::string::npos) << "wanted the file's name " << shard << ": " << msg;
+  }
+  // Another model: a tensor with another shape.
+  Snapshot other = empty_like({}, r, n);
+  other.sharded[0].global_shape = {7, 5};
+  const std::string msg = dtl::testing::error_of([&] { load(root.path(), other, *comm); });
+  EXPECT_NE(msg.find("model"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("manifest.json"), std::string::npos) << msg;
+  expect_error_mentions([&] { load(root / "empty", other, *comm); }, "no checkpoint");
+  // Another world size, without allow_reshard.
+  if (n >= 2) {
+    ScratchDir solo(*comm);
+    on_sub(*comm, comm->split(r == 0 ? 0 : -1, r),
+           [&](Comm& one) { save(solo.path(), test_snapshot(0, 1, 2), one); });
+    Snapshot into = empty_like({}, r, n);
+    const std::string m2 = dtl::testing::error_of([&] { load(solo.path(), into, *comm); });
+    EXPECT_NE(m2.find("world size"), std::string::npos) << m2;
+    EXPECT_NE(m2.find("manifest.json"), std::string::npos) << m2;
+  }
+}
+
+// ---------------------------------------------------------------- Task 4: exact resume
+
+// 6 steps straight == 3 steps, save, everything thrown away (new trainer, scrambled RNG), load,
+// 3 steps: bit for bit, with dropout (every rank's RNG), warm-up (the schedule), weight decay.
+TEST(Resume, StraightRunEqualsSaveLoadContinueBitwise) {
+  auto comm = fresh_comm();
+  const TrainConfig cfg = train_config(/*dropout=*/0.1, /*total_steps=*/6);
+  ScratchDir root(*comm);
+  torch::manual_seed(100 + comm->rank());
+  Trainer straight(cfg, *comm);
+  std::vector<float> want_losses;
+  for (int s = 0; s < 6; ++s) want_losses.push_back(straight.train_step());
+
+  torch::manual_seed(100 + comm->rank());
+  {
+    Trainer first(cfg, *comm);
+    for (int s = 0; s < 3; ++s) first.train_step();
+    save(root.path(), state_of(first), *comm);
+  }
+  torch::manual_seed(999);  // a new process would not have the old generator's state
+  Trainer resumed(cfg, *comm);
+  Snapshot state = state_of(resumed);
+  const LoadResult res = load(root.path(), state, *comm);
+  restore(resumed, state, res);
+  EXPECT_EQ(resumed.schedule_step, 3);
+  for (int s = 3; s < 6; ++s)
+    EXPECT_EQ(resumed.train_step(), want_losses[s]) << "loss of step " << s + 1;
+  DTL_EXPECT_EQUAL(resumed.flat_params(), straight.flat_params());
+  for (size_t i = 0; i < straight.exp_avg.size(); ++i) {
+    DTL_EXPECT_EQUAL(resumed.exp_avg[i], straight.exp_avg[i]) << straight.names[i];
+    DTL_EXPECT_EQUAL(resumed.exp_avg_sq[i], straight.exp_avg_sq[i]) << straight.names[i];
+  }
+  EXPECT_EQ(resumed.optimizer_step, straight.optimizer_step);
+  EXPECT_EQ(resumed.data_position, straight.data_position);
+}
+
+// Resharded: n -> n/2 (4 -> 2, 2 -> 1) and 2 -> 3: the same trajectory within float
+// tolerance (the all-reduce sums in another order), no dropout (other ranks draw other masks).
+TEST(Resume, ReshardedRunFollowsTheSameTrajectory) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "needs 2 ranks or more";
+  const TrainConfig cfg = train_config(/*dropout=*/0.0, 6);
+  const int from = n == 3 ? 2 : n, to = n == 3 ? 3 : n / 2;
+  torch::Tensor want;
+  {
+    Trainer straight(cfg, *comm);
+    for (int s = 0; s < 6; ++s) straight.train_step();
+    want = straight.flat_params();
+  }
+  ScratchDir root(*comm);
+  on_sub(*comm, comm->split(r < from ? 0 : -1, r), [&](Comm& a) {
+    Trainer first(cfg, a);
+    for (int s = 0; s < 3; ++s) first.train_step();
+    save(root.path(), state_of(first), a);
+  });
+  on_sub(*comm, comm->split(r < to ? 0 : -1, r), [&](Comm& b) {
+    Trainer resumed(cfg, b);
+    Snapshot state = state_of(resumed);
+    LoadOptions opts;
+    opts.allow_reshard = true;
+    const LoadResult res = load(root.path(), state, b, opts);
+    EXPECT_TRUE(res.resharded);
+    restore(resumed, state, res);
+    for (int s = 3; s < 6; ++s) resumed.train_step();
+    DTL_EXPECT_CLOSE(resumed.flat_params(), want, 1e-4, 1e-5) << from << " -> " << to << " ranks";
+  });
+}
+
+// ---------------------------------------------------------------- Task 5: asynchronous save
+
+// An async save writes what a sync save of the same moment writes, even though training goes
+// on (and changes every tensor) while the background thread writes.
+TEST(Async, WritesTheSnapshotWhileTrainingGoesOn) {
+  auto comm = fresh_comm();
+  const int n = comm->size();
+  const TrainConfig cfg = train_config(0.1, 6);
+  ScratchDir sync_root(*comm), async_root(*comm);
+  Trainer t(cfg, *comm);
+  t.train_step();
+  AsyncSaver saver(*comm);
+  save(sync_root.path(), state_of(t), *comm);
+  saver.save(async_root.path(), state_of(t));
+  t.train_step();  // changes the parameters, moments and RNG the snapshot was taken of
+  t.train_step();
+  EXPECT_EQ(saver.wait(), async_root / "step-00000001");
+  EXPECT_EQ(latest(async_root.path()), async_root / "step-00000001");
+  for (int r = 0; r < n; ++r) {
+    const std::string f = fmt::format("/step-00000001/shard-{:05d}-of-{:05d}.safetensors", r, n);
+    EXPECT_EQ(slurp(async_root.path() + f), slurp(sync_root.path() + f)) << f;
+  }
+  EXPECT_EQ(json::parse(slurp(async_root / "step-00000001/manifest.json")),
+            json::parse(slurp(sync_root / "step-00000001/manifest.json")));
+  // Two in a row: the second waits for the first; both commit.
+  saver.save(async_root.path(), state_of(t));
+  t.train_step();
+  saver.save(async_root.path(), state_of(t));
+  EXPECT_EQ(saver.wait(), async_root / "step-00000004");
+  EXPECT_TRUE(fs::exists(async_root / "step-00000003/manifest.json"));
+  EXPECT_EQ(latest(async_root.path()), async_root / "step-00000004");
+}
+
+// ---------------------------------------------------------------- faults: new processes
+
+// A 2-rank job, rank 1 killed (SIGKILL) in the save of step 4, after writing its shard: the job
+// dies, `latest` still names step 2, which loads; the supervisor restarts the job, which
+// resumes from step 2 in new processes, and the final parameters equal an uninterrupted run's.
+TEST(Supervisor, RankKilledDuringSaveResumesBitwise) {
+  LAB17_ONLY_AT_WORLD_SIZE_1();
+  auto comm = fresh_comm();
+  ScratchDir straight(*comm), killed(*comm);
+  const auto clean = dtl::testing::run_job("lab17_train", 2, {"dir=" + straight.path()}, 90);
+  ASSERT_TRUE(clean.ok()) << clean.describe();
+  const auto runs = supervise(2, {"dir=" + killed.path()}, "rank=1,step=4,at=shard");
+  ASSERT_GE(runs.size(), 2u) << "the first attempt should have been killed: " << runs[0].describe();
+  EXPECT_EQ(runs[0].signal, 9) << runs[0].describe();
+  EXPECT_NE(runs[1].output.find("resumed_from=2 "), std::string::npos) << runs[1].describe();
+  ASSERT_TRUE(runs.back().ok()) << runs.back().describe();
+  DTL_EXPECT_EQUAL(final_params(killed.path()), final_params(straight.path()));
+}
+
+// Rank 0 killed at the commit of step 4 (manifest written, not yet renamed): nothing of step 4
+// is visible; the previous checkpoint loads (here, in this 1-rank job: resharded 3 -> 1).
+TEST(Supervisor, KilledAtCommitLeavesThePreviousCheckpointLoadable) {
+  LAB17_ONLY_AT_WORLD_SIZE_1();
+  auto comm = fresh_comm();
+  ScratchDir dir(*comm);
+  const auto run = dtl::testing::run_job("lab17_train", 3, {"dir=" + dir.path(), "async=1"}, 90,
+                                         {"DTL_LAB17_FAULT=rank=0,step=4,at=commit"});
+  EXPECT_EQ(run.signal, 9) << run.describe();
+  EXPECT_EQ(latest(dir.path()), dir / "step-00000002");
+  EXPECT_FALSE(fs::exists(dir / "step-00000004"));
+  Trainer t(train_config(), *comm);
+  Snapshot state = state_of(t);
+  LoadOptions opts;
+  opts.allow_reshard = true;
+  const LoadResult res = load(dir.path(), state, *comm, opts);
+  EXPECT_EQ(res.step, 2);
+  EXPECT_EQ(res.saved_world_size, 3);
+  restore(t, state, res);
+  EXPECT_EQ(t.schedule_step, 2);
+}
+
+}  // namespace
+}  // namespace lab17_test

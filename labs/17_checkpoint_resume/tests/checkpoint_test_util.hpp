@@ -1,0 +1,216 @@
+// labs/17_checkpoint_resume/tests/checkpoint_test_util.hpp — shared by the public tests
+// (checkpoint_test.cpp) and the grading tests (grading/17_checkpoint_resume/): small models,
+// scratch directories every rank agrees on, test snapshots, and the child job that trains
+// with checkpoints (the supervisor tests' new processes).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "dtl/harness/checks.hpp"  // defines: fresh_comm, device, DTL_EXPECT_EQUAL, expect_error_mentions
+#include "dtl/harness/jobs.hpp"    // defines: run_job, DTL_JOB, job_arg
+#include "dtl/runtime.hpp"
+
+namespace lab17_test {
+
+namespace fs = std::filesystem;
+using dtl::Comm;
+using dtl::testing::device;
+using dtl::testing::fresh_comm;
+using namespace dtl::lab17;
+
+// The tiny GPT (2 layers, d 32, vocab 64, 16 tokens), AdamW with warm-up and weight decay, a
+// global batch of 6 (uneven over 4 ranks). dropout > 0: the run then depends on every rank's RNG.
+inline TrainConfig train_config(double dropout = 0.1, int64_t total_steps = 6) {
+  TrainConfig c;
+  c.model = dtl::testing::gpt_config(2, 32, 2, 64, 16, dropout);
+  c.optim.lr = 3e-3;
+  c.optim.eps = 1e-6;
+  c.optim.weight_decay = 0.1;
+  c.optim.warmup_steps = 2;
+  c.total_steps = total_steps;
+  c.global_batch = 6;
+  return c;
+}
+
+// A fresh, empty directory that every rank of comm names alike (rank 0 creates it), removed
+// by the destructor (rank 0, after a barrier).
+class ScratchDir {
+ public:
+  explicit ScratchDir(Comm& comm) : comm_(comm) {
+    std::string mine;
+    if (comm.rank() == 0) {
+      const char* base = std::getenv("TMPDIR");
+      std::string pattern = (fs::path(base && *base ? base : "/tmp") / "dtl-lab17-XXXXXX").string();
+      DTL_CHECK(mkdtemp(pattern.data()) != nullptr, "ScratchDir: mkdtemp failed");
+      mine = pattern;
+    }
+    path_ = all_gather_strings(comm, mine)[0];
+  }
+  ~ScratchDir() {
+    comm_.barrier();
+    if (comm_.rank() == 0) fs::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& sub) const { return (fs::path(path_) / sub).string(); }
+
+ private:
+  Comm& comm_;
+  std::string path_;
+};
+
+// A test snapshot of `n` ranks: tensors "a" [5, 7] float32 and "b" [11] int64 with values that
+// name their global index, this rank's split_range slice of each; a per-rank tensor "rank_id".
+inline Snapshot test_snapshot(int rank, int n, int64_t step = 3) {
+  Snapshot s;
+  s.step = step;
+  s.layout = "test";
+  s.counters = {{"answer", 42}};
+  auto slice = [&](const std::string& name, std::vector<int64_t> shape, torch::ScalarType dt) {
+    int64_t numel = 1;
+    for (auto d : shape) numel *= d;
+    const dtl::Range r = dtl::split_range(numel, n, rank);
+    torch::Tensor full = (torch::arange(numel, torch::kFloat64) * 1.5 + 0.25).to(dt);
+    if (dt == torch::kInt64) full = torch::arange(numel, torch::kInt64) * 1000 + 7;
+    s.sharded.push_back({name, shape, r.begin, full.narrow(0, r.begin, r.size()).clone().to(device())});
+  };
+  slice("a", {5, 7}, torch::kFloat32);
+  slice("b", {11}, torch::kInt64);
+  s.per_rank.push_back({"rank_id", torch::full({3}, rank, torch::kInt32)});
+  return s;
+}
+
+// A snapshot with the same tensors, zeros, wanting this rank's slices at world size n.
+inline Snapshot empty_like(const Snapshot& full_layout, int rank, int n) {
+  Snapshot s = test_snapshot(rank, n, 0);
+  for (auto& t : s.sharded) t.local.zero_();
+  for (auto& t : s.per_rank) t.value.fill_(-1);
+  s.counters.clear();
+  (void)full_layout;
+  return s;
+}
+
+// Runs fn(sub) on the ranks of `sub` (the others have none and skip it), then every rank of
+// comm learns whether any rank raised, and all raise alike: a rank that left a test body early
+// would leave the others waiting in the next collective (a hang instead of a failure).
+template <typename Fn>
+void on_sub(Comm& comm, const std::shared_ptr<Comm>& sub, Fn&& fn) {
+  std::exception_ptr err;
+  std::string msg;
+  if (sub) {
+    try {
+      fn(*sub);
+    } catch (const std::exception& e) {
+      err = std::current_exception();
+      msg = e.what();
+    }
+  }
+  const std::vector<std::string> all = all_gather_strings(comm, msg);
+  if (err) std::rethrow_exception(err);
+  for (const auto& m : all) {
+    if (m.empty()) continue;
+    if (m.find("not implemented") != std::string::npos) throw dtl::NotImplemented(m);
+    throw dtl::Error("another rank raised: " + m);
+  }
+}
+
+// load() with allow_reshard.
+inline LoadResult load_resharding(const std::string& root, Snapshot& into, Comm& comm) {
+  LoadOptions opts;
+  opts.allow_reshard = true;
+  return load(root, into, comm, opts);
+}
+
+// into's sharded locals equal want's, element for element; returns their bytes (what a rank
+// that reads only its own ranges reads).
+inline int64_t expect_same_slices(const Snapshot& into, const Snapshot& want, const std::string& what) {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < want.sharded.size(); ++i) {
+    DTL_EXPECT_EQUAL(into.sharded[i].local.cpu(), want.sharded[i].local.cpu())
+        << want.sharded[i].name << ", " << what;
+    bytes += static_cast<int64_t>(want.sharded[i].local.nbytes());
+  }
+  return bytes;
+}
+
+// The file bytes, for byte-level checks and corruption.
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+inline void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// ---------------------------------------------------------------- the child job
+
+// DTL_JOB(lab17_train) (checkpoint_test.cpp) runs train_with_checkpoints on the child's world
+// with these args, then rank 0 writes the final parameters' bytes to <dir>/final.bin.
+inline RunConfig run_config(const std::vector<std::string>& args) {
+  using dtl::testing::job_arg;
+  RunConfig rc;
+  rc.train = train_config(std::stod(job_arg(args, "dropout", "0.1")),
+                          std::stoll(job_arg(args, "steps", "6")));
+  rc.dir = job_arg(args, "dir");
+  rc.save_every = std::stoll(job_arg(args, "save_every", "2"));
+  rc.async = job_arg(args, "async", "0") == "1";
+  return rc;
+}
+
+inline int train_job(const std::vector<std::string>& args) {
+  dtl::Comm& world = dtl::world();
+  const RunConfig rc = run_config(args);
+  const RunResult r = train_with_checkpoints(rc, world);
+  if (world.rank() == 0) {
+    torch::Tensor p = r.final_params.cpu().contiguous();
+    spit(rc.dir + "/final.bin", std::string(static_cast<const char*>(p.data_ptr()), p.nbytes()));
+    std::printf("lab17_train: resumed_from=%lld resharded=%d steps=%zu\n",
+                static_cast<long long>(r.resumed_from), r.resharded ? 1 : 0, r.losses.size());
+  }
+  return 0;
+}
+
+// The final parameters a job wrote.
+inline torch::Tensor final_params(const std::string& dir) {
+  const std::string bytes = slurp(dir + "/final.bin");
+  torch::Tensor t = torch::empty({static_cast<int64_t>(bytes.size() / 4)}, torch::kFloat32);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+// Supervisor: run the job until it exits 0, at most `attempts` times; the fault (if any) only
+// in the first attempt. Returns every attempt's result.
+inline std::vector<dtl::testing::JobResult> supervise(int ranks, const std::vector<std::string>& args,
+                                                      const std::string& fault, int attempts = 3,
+                                                      int restart_ranks = 0) {
+  std::vector<dtl::testing::JobResult> runs;
+  for (int a = 0; a < attempts; ++a) {
+    std::vector<std::string> env;
+    if (a == 0 && !fault.empty()) env.push_back("DTL_LAB17_FAULT=" + fault);
+    const int n = a > 0 && restart_ranks > 0 ? restart_ranks : ranks;
+    runs.push_back(dtl::testing::run_job("lab17_train", n, args, 90, env));
+    if (runs.back().ok()) break;
+  }
+  return runs;
+}
+
+// The supervisor tests launch their own jobs; they run once, in the 1-rank test job.
+#define LAB17_ONLY_AT_WORLD_SIZE_1()                                                   \
+  if (dtl::world().size() != 1)                                                         \
+  GTEST_SKIP() << "launches its own jobs; runs in the 1-rank test job"
+
+}  // namespace lab17_test
+
+namespace lab17_test {
+// The child job every supervisor test launches (one registration per test binary).
+DTL_JOB(lab17_train) { return train_job(args); }
+}  // namespace lab17_test
