@@ -13,11 +13,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "dtl/error.hpp"
+#include "dtl/log.hpp"
 #include "dtl/trace.hpp"
 
 namespace dtl::lab15 {
@@ -266,6 +268,17 @@ struct FullyShardedDataParallel::State {
   std::vector<bool> reduced;     // per unit: gradient reduced in this backward
   bool end_queued = false;
 
+  // For traces (lab 16 reads them): backward's compute, as the spans between the points where
+  // this wrapper blocks on communication (a gather before a unit's backward, a reduction after
+  // it). Forward's compute is marked by DTL_SCOPEs in loss().
+  double span_start = -1;
+  void end_compute_span(const std::string& name) {
+    if (span_start >= 0 && trace::enabled())
+      trace::record({name, "compute", "compute", span_start, trace::now(), log_rank(), ""});
+    span_start = -1;
+  }
+  void start_compute_span() { span_start = trace::enabled() ? trace::now() : -1; }
+
   // The unit's full parameters in memory: all-gather them from the shards (a copy at a shard
   // group of one). `async`: issue only, wait_gathered() later (a prefetch).
   void unshard(size_t u, bool async = false) {
@@ -313,12 +326,18 @@ struct FullyShardedDataParallel::State {
   // Backward, when backward reaches unit u's output: its parameters are needed again.
   void pre_backward(size_t u) {
     queue_end();
+    end_compute_span("backward");
     unshard(u);
     if (config.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch(u - 1);
+    start_compute_span();
   }
   void on_grad_ready(size_t u) {
     queue_end();
-    if (++ready[u] == flats[u].params().size()) reduce(u);
+    if (++ready[u] == flats[u].params().size()) {
+      end_compute_span("backward");
+      reduce(u);
+      start_compute_span();
+    }
   }
   void queue_end() {
     if (end_queued) return;
@@ -326,7 +345,17 @@ struct FullyShardedDataParallel::State {
     queue_end_of_backward([this] { end_of_backward(); });
   }
 
-  // The unit's gradient, averaged over every rank, added into its shard's gradient.
+  // The unit's gradient, averaged over every rank, added into its shard's gradient. The first
+  // collective is issued asynchronously and finished when the next unit's gradient is reduced
+  // (or at the end of backward): it runs on the comm worker while autograd computes the next
+  // unit's backward, and at most one unit's flat gradient waits in memory for it.
+  struct Pending {
+    size_t unit = 0;
+    Work work;
+    torch::Tensor mine, flat;  // the reduced slice (being written), its input (kept alive)
+  };
+  std::optional<Pending> pending;
+
   void reduce(size_t u) {
     torch::NoGradGuard no_grad;
     FlatParameter& f = flats[u];
@@ -336,34 +365,42 @@ struct FullyShardedDataParallel::State {
       if (p.grad().defined()) flat.narrow(0, offset, p.numel()).copy_(p.grad().reshape({-1}));
       offset += p.numel();
     }
-    torch::Tensor mine = flat;  // a shard group of one keeps everything
-    if (!sharded(strategies[u])) {
-      if (world > 1) replicate_comm->all_reduce(flat, ReduceOp::Sum);
-    } else {
-      if (f.shard_world() > 1) {
-        mine = torch::empty({f.shard_numel()}, flat.options());
-        shard_comm->reduce_scatter(mine, flat, ReduceOp::Sum);
-      }
-      if (strategies[u] == ShardingStrategy::HYBRID_SHARD && replicate_comm->size() > 1)
-        replicate_comm->all_reduce(mine, ReduceOp::Sum);
-    }
-    mine.div_(world);  // the mean over all ranks: shard group x replicas
-    torch::Tensor& grad = f.shard().mutable_grad();
-    if (grad.defined()) {
-      grad.add_(mine);
-    } else {
-      grad = mine;
-    }
     for (const auto& p : f.params()) p.mutable_grad().reset();
     reduced[u] = true;
-    if (sharded(strategies[u])) reshard(u);
+    if (sharded(strategies[u])) reshard(u);  // the flat copy is all the reduction needs
+    finish_pending();
+    Pending next{u, Work(), flat, flat};  // a shard group of one keeps everything
+    if (!sharded(strategies[u])) {
+      if (world > 1) next.work = replicate_comm->all_reduce_async(flat, ReduceOp::Sum);
+    } else if (f.shard_world() > 1) {
+      next.mine = torch::empty({f.shard_numel()}, flat.options());
+      next.work = shard_comm->reduce_scatter_async(next.mine, flat, ReduceOp::Sum);
+    }
+    pending = std::move(next);
+  }
+  void finish_pending() {
+    if (!pending) return;
+    Pending p = std::move(*pending);
+    pending.reset();
+    p.work.wait();
+    if (strategies[p.unit] == ShardingStrategy::HYBRID_SHARD && replicate_comm->size() > 1)
+      replicate_comm->all_reduce(p.mine, ReduceOp::Sum);  // then across the nodes
+    p.mine.div_(world);  // the mean over all ranks: shard group x replicas
+    torch::Tensor& grad = flats[p.unit].shard().mutable_grad();
+    if (grad.defined()) {
+      grad.add_(p.mine);
+    } else {
+      grad = p.mine;
+    }
   }
 
   // Inside backward, after the last gradient: units whose parameters did not all get a gradient
   // are reduced now (the same order on every rank), every sharded unit is released.
   void end_of_backward() {
+    end_compute_span("backward");
     for (size_t u = 0; u < flats.size(); ++u)
       if (!reduced[u] && ready[u] > 0) reduce(u);
+    finish_pending();
     for (size_t u = 0; u < flats.size(); ++u) {
       if (sharded(strategies[u])) reshard(u);
       ready[u] = 0;
@@ -485,6 +522,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(GPT model, Comm& comm, const 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   s_->hooks.clear();  // no hook may run into a dying State
   for (auto& w : s_->gathers) w.wait();
+  if (s_->pending) s_->pending->work.wait();
 }
 
 torch::Tensor FullyShardedDataParallel::loss(const torch::Tensor& tokens) {
@@ -531,6 +569,12 @@ torch::Tensor FullyShardedDataParallel::loss(const torch::Tensor& tokens) {
   if (!record || !loss.requires_grad()) {  // no backward will come: nothing stays gathered
     for (size_t u = 0; u < s.flats.size(); ++u)
       if (sharded(s.strategies[u])) s.reshard(u);
+  } else if (trace::enabled()) {
+    State* state = &s;  // backward's first compute span starts with backward itself
+    loss.register_hook([state](const torch::Tensor& grad) {
+      state->start_compute_span();
+      return grad;
+    });
   }
   return loss;
 }
