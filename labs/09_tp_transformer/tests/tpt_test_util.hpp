@@ -177,13 +177,11 @@ void expect_training_equals_serial(const GPTConfig& cfg, const AfterBackward& af
 // mesh (not the world); each dp rank trains on its rows of the global batch, gradients are
 // averaged over dp, AdamW steps. The loss trajectory and the parameters follow serial training on
 // the whole global batch.
+// The same over given tp and dp communicators (this rank at position dp.rank() of its dp group):
+// lab 19 builds them from its ParallelState, the test below from a DeviceMesh.
 template <typename Model>
-void expect_mesh_training_follows_serial(const GPTConfig& cfg, int steps,
-                                         const AfterBackward& after = {}) {
-  const int world = dtl::world().size();
-  dtl::DeviceMesh mesh = dtl::DeviceMesh::megatron(dtl::world(), world % 2 == 0 ? 2 : 1);
-  Comm& tp = mesh.comm("tp");
-  Comm& dp = mesh.comm("dp");
+void expect_training_follows_serial(const GPTConfig& cfg, int steps, Comm& tp, Comm& dp,
+                                    const AfterBackward& after = {}) {
   GPT serial = serial_gpt(cfg);
   Model gpt(*serial, tp);
   auto opt = dtl::make_adamw(*gpt);
@@ -193,7 +191,7 @@ void expect_mesh_training_follows_serial(const GPTConfig& cfg, int steps,
   dtl::data::GlobalBatchSampler sampler(corpus, local * dp.size(), cfg.seq_len);
   for (int step = 0; step < steps; ++step) {
     opt->zero_grad();
-    const int64_t first = mesh.coord("dp") * local;
+    const int64_t first = dp.rank() * local;
     torch::Tensor loss = gpt->loss(sampler.rows(step, first, first + local).to(device()));
     loss.backward();
     if (after) after(*gpt, tp);
@@ -213,6 +211,14 @@ void expect_mesh_training_follows_serial(const GPTConfig& cfg, int steps,
   // up to ~lr/100, so parameters compare at 1e-4 (one step of a wrong gradient moves them ~lr).
   expect_shards_of_serial(*gpt, *serial, cfg, tp.size(), tp.rank(), /*grads=*/false, "", 1e-3,
                           1e-4);
+}
+
+template <typename Model>
+void expect_mesh_training_follows_serial(const GPTConfig& cfg, int steps,
+                                         const AfterBackward& after = {}) {
+  const int world = dtl::world().size();
+  dtl::DeviceMesh mesh = dtl::DeviceMesh::megatron(dtl::world(), world % 2 == 0 ? 2 : 1);
+  expect_training_follows_serial<Model>(cfg, steps, mesh.comm("tp"), mesh.comm("dp"), after);
 }
 
 }  // namespace lab09_test

@@ -1,0 +1,91 @@
+// Lab 19 grading tests: orders with the pipeline innermost, the expert grid's combined groups,
+// context parallelism's groups over real ranks, position embeddings, and more translations.
+// Only what parallel_state.hpp promises.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dtl/harness/checks.hpp"
+#include "parallel_state.hpp"
+
+namespace lab19_test {
+namespace {
+
+using dtl::lab19::from_deepspeed_config;
+using dtl::lab19::from_megatron_args;
+using dtl::lab19::ParallelConfig;
+using dtl::lab19::ParallelState;
+using dtl::lab19::RankGenerator;
+using dtl::testing::expect_error_mentions;
+using Groups = std::vector<std::vector<int>>;
+
+TEST(GradeRankGroups, PipelineInnermostAndAppendedTokens) {
+  const RankGenerator g(2, 1, 2, 2, 1, "pp-tp-dp");  // cp and ep appended at the end
+  EXPECT_EQ(g.order(), "pp-tp-dp-ep-cp");
+  EXPECT_EQ(g.get_ranks("pp"), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.get_ranks("tp"), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(g.get_ranks("dp-tp"), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(g.size("dp"), 2);
+  EXPECT_EQ(g.size("cp"), 1);
+}
+
+TEST(GradeRankGroups, ExpertGridCombinations) {
+  // 16 ranks, tp 2, ep 4, expert dp 2: tp-ep groups of 8 consecutive ranks.
+  const RankGenerator e(2, 4, 2, 1, 1);
+  EXPECT_EQ(e.get_ranks("ep")[0], (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(e.get_ranks("tp-ep"), (Groups{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}}));
+  EXPECT_EQ(e.get_ranks("dp")[0], (std::vector<int>{0, 8}));
+}
+
+TEST(GradeParallelState, ContextParallelAndPositionEmbedding) {
+  auto world = dtl::testing::fresh_comm();
+  const int n = world->size();
+  ParallelConfig c;
+  c.cp = n % 2 == 0 ? 2 : 1;
+  c.pp = n % 2 == 0 ? n / 2 : n;
+  ParallelState ps(*world, c);
+  EXPECT_EQ(ps.size("cp"), c.cp);
+  EXPECT_EQ(ps.size("dp"), 1);
+  for (const auto& g : ps.groups("position_embedding")) EXPECT_EQ(g.size(), 1u);
+  const auto pos = ps.group_of("position_embedding");
+  EXPECT_EQ(ps.has("position_embedding"), ps.coord("pp") == 0);
+  if (ps.coord("pp") == 0) {
+    EXPECT_EQ(pos, (std::vector<int>{world->rank()}));
+    EXPECT_EQ(ps.comm("position_embedding").size(), 1);
+  } else {
+    expect_error_mentions([&] { ps.comm("position_embedding"); }, "group");
+  }
+  EXPECT_EQ(ps.comm("dp-cp").size(), c.cp);
+  EXPECT_EQ(ps.comm("tp-pp").size(), c.pp);
+}
+
+TEST(GradeTranslation, MoreMegatronAndDeepSpeed) {
+  dtl::lab19::GPTConfig m;
+  m.n_layer = 12;
+  m.n_head = 12;
+  m.vocab_size = 96;
+  m.seq_len = 48;
+  auto p = from_megatron_args({"--context-parallel-size=2", "--tensor-model-parallel-size=3",
+                               "--recompute-granularity=full", "--fp16", "--clip-grad", "0"}, 12, m);
+  EXPECT_EQ(p.cp, 2);
+  EXPECT_EQ(p.tp, 3);
+  EXPECT_EQ(p.dp, 2);
+  EXPECT_EQ(p.recompute, "full");
+  EXPECT_EQ(p.precision, "fp16");
+  EXPECT_EQ(p.grad_clip, 0.0);
+  expect_error_mentions([&] { from_megatron_args({"--recompute-granularity", "some"}, 1, m); },
+                        "--recompute-granularity");
+  expect_error_mentions([&] { from_megatron_args({"--micro-batch-size", "zero"}, 1, m); }, "--micro-batch-size");
+  auto d = from_deepspeed_config(R"({"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 3},
+                                    "fp16": {"enabled": true}})", 12, 3, 2, m);
+  EXPECT_EQ(d.dp, 2);
+  EXPECT_EQ(d.global_batch, 6);
+  EXPECT_EQ(d.zero_stage, 3);
+  EXPECT_EQ(d.precision, "fp16");
+  EXPECT_EQ(d.grad_clip, 0.0);
+  expect_error_mentions([&] { from_deepspeed_config(R"({"train_batch_size": 7})", 12, 3, 2, m); }, "train_batch_size");
+}
+
+}  // namespace
+}  // namespace lab19_test
