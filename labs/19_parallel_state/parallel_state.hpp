@@ -28,6 +28,8 @@
 // each function ("...").
 #pragma once
 
+#include <fmt/format.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -136,8 +138,20 @@ struct ParallelPlan {
   std::string recompute = "none";  // "none", "selective", "full" (lab 13)
   double grad_clip = 0;            // 0: no clipping
   std::string precision = "fp32";  // "fp32", "bf16", "fp16"
-  bool operator==(const ParallelPlan& o) const;
-  std::string to_string() const;   // one line, every field
+  bool operator==(const ParallelPlan& o) const {
+    return world == o.world && tp == o.tp && cp == o.cp && pp == o.pp && dp == o.dp &&
+           virtual_stages == o.virtual_stages && sequence_parallel == o.sequence_parallel &&
+           micro_batch == o.micro_batch && global_batch == o.global_batch &&
+           grad_accum == o.grad_accum && zero_stage == o.zero_stage && recompute == o.recompute &&
+           grad_clip == o.grad_clip && precision == o.precision;
+  }
+  std::string to_string() const {  // one line, every field
+    return fmt::format("ParallelPlan(world={} tp={} cp={} pp={} dp={} virtual_stages={} "
+                       "sequence_parallel={} micro_batch={} global_batch={} grad_accum={} "
+                       "zero_stage={} recompute={} grad_clip={} precision={})",
+                       world, tp, cp, pp, dp, virtual_stages, sequence_parallel, micro_batch,
+                       global_batch, grad_accum, zero_stage, recompute, grad_clip, precision);
+  }
 };
 
 // A Megatron-LM command line (the flags of megatron/training/arguments.py, "--flag value" or

@@ -232,22 +232,6 @@ bool ParallelState::has(const std::string& name) const { return s_->comms.count(
 
 // ---------------------------------------------------------------- Task 3: config translation
 
-bool ParallelPlan::operator==(const ParallelPlan& o) const {
-  return world == o.world && tp == o.tp && cp == o.cp && pp == o.pp && dp == o.dp &&
-         virtual_stages == o.virtual_stages && sequence_parallel == o.sequence_parallel &&
-         micro_batch == o.micro_batch && global_batch == o.global_batch &&
-         grad_accum == o.grad_accum && zero_stage == o.zero_stage && recompute == o.recompute &&
-         grad_clip == o.grad_clip && precision == o.precision;
-}
-
-std::string ParallelPlan::to_string() const {
-  return fmt::format("ParallelPlan(world={} tp={} cp={} pp={} dp={} virtual_stages={} "
-                     "sequence_parallel={} micro_batch={} global_batch={} grad_accum={} "
-                     "zero_stage={} recompute={} grad_clip={} precision={})",
-                     world, tp, cp, pp, dp, virtual_stages, sequence_parallel, micro_batch,
-                     global_batch, grad_accum, zero_stage, recompute, grad_clip, precision);
-}
-
 namespace {
 
 // The checks both translations share: the plan's sizes against the world and the model.
