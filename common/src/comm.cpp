@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <set>
+#include <shared_mutex>
 
 #include "dtl/error.hpp"
 #include "dtl/split.hpp"
@@ -231,20 +233,70 @@ std::vector<OpRecord> Comm::pending_ops() const {
   return out;
 }
 
+// ---------------------------------------------------------------- op observers
+
+namespace {
+// Observers are called under a shared lock (many ops at once), added and removed under the
+// exclusive one, so that remove_op_observer returns only once no call is running. The count
+// lets an op skip all of it while nobody observes.
+struct Observers {
+  std::shared_mutex mu;
+  std::map<int, Comm::OpObserver> fns;
+  int next_id = 1;
+  std::atomic<int> count{0};
+};
+Observers& observers() {
+  static auto* o = new Observers;  // never destroyed: Comms may outlive this TU's statics
+  return *o;
+}
+}  // namespace
+
+int Comm::add_op_observer(OpObserver observer) {
+  DTL_CHECK(observer != nullptr, "Comm::add_op_observer: the observer is empty");
+  Observers& o = observers();
+  std::unique_lock<std::shared_mutex> lock(o.mu);
+  const int id = o.next_id++;
+  o.fns.emplace(id, std::move(observer));
+  o.count.store(static_cast<int>(o.fns.size()));
+  return id;
+}
+
+void Comm::remove_op_observer(int id) {
+  Observers& o = observers();
+  std::unique_lock<std::shared_mutex> lock(o.mu);
+  o.fns.erase(id);
+  o.count.store(static_cast<int>(o.fns.size()));
+}
+
+void Comm::notify_observers(const OpRecord& r) const {
+  Observers& o = observers();
+  if (o.count.load(std::memory_order_relaxed) == 0) return;
+  std::shared_lock<std::shared_mutex> lock(o.mu);
+  for (const auto& [id, fn] : o.fns) fn(*this, r);
+}
+
 void Comm::mark_started(OpRecord& r) {
-  std::lock_guard<std::mutex> lock(mu_);
-  r.state = OpRecord::State::Started;
-  r.started = now_seconds();
+  OpRecord copy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r.state = OpRecord::State::Started;
+    r.started = now_seconds();
+    copy = r;
+  }
+  notify_observers(copy);
 }
 
 void Comm::mark_finished(OpRecord& r, bool ok) {
+  OpRecord copy;
   {
     std::lock_guard<std::mutex> lock(mu_);
     r.state = ok ? OpRecord::State::Completed : OpRecord::State::Failed;
     r.finished = now_seconds();
     pending_.erase(r.seq);
+    copy = r;
   }
-  if (trace::enabled()) trace::record_comm(r, name_);
+  notify_observers(copy);
+  if (trace::enabled()) trace::record_comm(copy, name_);
 }
 
 std::string Comm::where(const OpRecord& r) const {
@@ -327,6 +379,7 @@ Work Comm::issue(Op op, const std::vector<int64_t>& shape, int64_t bytes, double
     recent_head_ = (recent_head_ + 1) % kRecent;
     pending_[rec->seq] = rec;
   }
+  notify_observers(*rec);  // before launch: no thread can have started the op yet
   op.record = rec;
   return launch(std::move(op));
 }

@@ -144,7 +144,7 @@ class TrackingAllocator final : public c10::Allocator {
       // Reserve the bytes before allocating, so a limit stops the allocation from happening.
       std::lock_guard<std::mutex> lock(s.mu);
       if (s.limit != 0 && s.current + n > s.limit) {
-        throw OutOfMemory(
+        OutOfMemory oom(
             fmt::format("{}out of memory: cannot allocate {} ({} bytes, tag \"{}\") with {} "
                         "live; the limit is {} (dtl::memory::set_limit)\n{}",
                         rank_prefix(), format_bytes(static_cast<double>(n)), n,
@@ -152,6 +152,10 @@ class TrackingAllocator final : public c10::Allocator {
                         format_bytes(static_cast<double>(s.current)),
                         format_bytes(static_cast<double>(s.limit)), breakdown_locked(s)),
             n, s.current, s.limit);
+        for (size_t i = 0; i < s.tag_names.size(); ++i)
+          if (s.tag_bytes[i] != 0) oom.bytes_by_tag[s.tag_names[i]] = s.tag_bytes[i];
+        for (const Allocation& a : largest_locked(s, 8)) oom.largest.emplace_back(a.bytes, a.tag);
+        throw oom;
       }
       s.current += n;
       s.tag_bytes[static_cast<size_t>(tag)] += n;

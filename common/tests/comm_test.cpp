@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "dtl/comm.hpp"
 #include "dtl/comm_nccl.hpp"
@@ -239,6 +240,32 @@ TEST(Comm, InterleavedAsyncAndBlockingKeepIssueOrder) {
     DTL_EXPECT_CLOSE(ts[i], torch::full({1000 * (i + 1)}, n * (n - 1) / 2.0f + n * i));
   DTL_EXPECT_EQUAL(b, torch::full({3}, static_cast<float>(n - 1)));
   DTL_EXPECT_EQUAL(g, torch::arange(n, torch::kFloat32));
+}
+
+// An op observer sees every op of every Comm: issued (before it can start), started, then
+// completed, each once; after remove_op_observer, nothing.
+TEST(Comm, OpObserversSeeIssueStartAndEndOfEveryOp) {
+  auto c = W().split(0, W().rank(), "observed");
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, dtl::OpRecord::State>> seen;
+  const int id = Comm::add_op_observer([&](const Comm& comm, const dtl::OpRecord& r) {
+    if (comm.name() != "observed") return;
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(r.seq, r.state);
+  });
+  auto t = torch::ones({8});
+  c->all_reduce(t);
+  auto w = c->all_reduce_async(t);
+  w.wait();
+  c->barrier();
+  Comm::remove_op_observer(id);
+  c->barrier();
+  using S = dtl::OpRecord::State;
+  std::vector<std::pair<uint64_t, S>> want;
+  for (uint64_t seq = 1; seq <= 3; ++seq)
+    for (S s : {S::Issued, S::Started, S::Completed}) want.emplace_back(seq, s);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(seen, want);
 }
 
 TEST(Comm, AsyncOnTwoCommsOverlapIndependently) {

@@ -143,6 +143,11 @@ TEST(Memory, LimitThrowsOutOfMemoryAndTheProcessGoesOn) {
     EXPECT_NE(msg.find("4.00 MiB"), std::string::npos) << msg;
     EXPECT_NE(msg.find("test.oom"), std::string::npos) << msg;
     EXPECT_NE(msg.find("largest live"), std::string::npos) << msg;
+    // The snapshot at the throw, for handlers that run after the stack has unwound.
+    EXPECT_EQ(e.current_bytes, before + kMiB);
+    EXPECT_GE(e.bytes_by_tag.count("untagged") ? e.bytes_by_tag.at("untagged") : 0, kMiB);
+    ASSERT_FALSE(e.largest.empty());
+    EXPECT_GE(e.largest.front().first, kMiB);
   }
   EXPECT_EQ(current_bytes(), before + kMiB);  // the refused allocation left no trace
 

@@ -176,6 +176,17 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The same, described op by op for a human: what the watchdog prints.
   static std::string describe_all();
 
+  // Observers of every op of every Comm of this process (a flight recorder, lab 18). An
+  // observer is called with a copy of the op's record three times: when it is issued (state
+  // Issued, on the issuing thread, before the op can start), when it starts and when it ends
+  // (Started, then Completed or Failed, on whichever thread runs it). Calls for different ops
+  // come from several threads at once: an observer locks what it shares, returns quickly, and
+  // neither issues ops nor adds or removes observers. Costs nothing while none is registered.
+  using OpObserver = std::function<void(const Comm& comm, const OpRecord& record)>;
+  static int add_op_observer(OpObserver observer);  // returns the id remove_op_observer takes
+  // When it returns, the observer is not running and will not be called again.
+  static void remove_op_observer(int id);
+
  protected:
   // A fully validated op handed to a backend. Buffers are contiguous and on device().
   struct Op {
@@ -205,6 +216,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
  private:
   Work issue(Op op, const std::vector<int64_t>& shape, int64_t bytes, double wire_bytes);
+  void notify_observers(const OpRecord& r) const;
   void check_tensor(const torch::Tensor& t, const char* what, OpType op) const;
   void check_peer(int peer, const char* what, OpType op, bool allow_self) const;
   torch::Tensor input_buffer(const torch::Tensor& t) const;

@@ -5,8 +5,11 @@
 // what constraint was broken, so a student reads one line and knows what to fix.
 #pragma once
 
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dtl {
 
@@ -32,6 +35,10 @@ class OutOfMemory : public Error {
   size_t requested_bytes;
   size_t current_bytes;
   size_t limit_bytes;
+  // What was live at the moment the allocation failed. A handler runs after the stack has
+  // unwound and freed the activations, so it must read these, not the allocator's counters.
+  std::map<std::string, size_t> bytes_by_tag;          // live bytes per memory::Scope tag
+  std::vector<std::pair<size_t, std::string>> largest;  // largest live allocations (bytes, tag)
 };
 
 // "[rank 2/4] " when a Runtime exists, "" before; used to prefix every error message.
