@@ -17,6 +17,7 @@
 #include "checkpoint.hpp"
 #include "dtl/harness/checks.hpp"  // defines: fresh_comm, device, DTL_EXPECT_EQUAL, expect_error_mentions
 #include "dtl/harness/jobs.hpp"    // defines: run_job, DTL_JOB, job_arg
+#include "dtl/harness/scratch.hpp" // defines: ScratchDir
 #include "dtl/runtime.hpp"
 
 namespace lab17_test {
@@ -41,30 +42,10 @@ inline TrainConfig train_config(double dropout = 0.1, int64_t total_steps = 6) {
   return c;
 }
 
-// A fresh, empty directory that every rank of comm names alike (rank 0 creates it), removed
-// by the destructor (rank 0, after a barrier).
-class ScratchDir {
+// A fresh, empty directory that every rank of comm names alike, removed after the test.
+class ScratchDir : public dtl::testing::ScratchDir {
  public:
-  explicit ScratchDir(Comm& comm) : comm_(comm) {
-    std::string mine;
-    if (comm.rank() == 0) {
-      const char* base = std::getenv("TMPDIR");
-      std::string pattern = (fs::path(base && *base ? base : "/tmp") / "dtl-lab17-XXXXXX").string();
-      DTL_CHECK(mkdtemp(pattern.data()) != nullptr, "ScratchDir: mkdtemp failed");
-      mine = pattern;
-    }
-    path_ = all_gather_strings(comm, mine)[0];
-  }
-  ~ScratchDir() {
-    comm_.barrier();
-    if (comm_.rank() == 0) fs::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& sub) const { return (fs::path(path_) / sub).string(); }
-
- private:
-  Comm& comm_;
-  std::string path_;
+  explicit ScratchDir(Comm& comm) : dtl::testing::ScratchDir(comm, "dtl-lab17") {}
 };
 
 // A test snapshot of `n` ranks: tensors "a" [5, 7] float32 and "b" [11] int64 with values that
