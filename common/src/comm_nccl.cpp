@@ -358,7 +358,7 @@ class NcclComm : public Comm {
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(core_->device));
   }
 
- protected:
+ private:
   Work launch(Op op) override {
     OpRecord& rec = *op.record;
     // Enqueue in sequence order: Comm::issue numbers ops under its own lock, so two threads

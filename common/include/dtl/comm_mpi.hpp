@@ -32,10 +32,8 @@ class MpiComm : public Comm {
   // ops on it while this Comm has ops in flight.
   MPI_Comm raw() const { return comm_; }
 
- protected:
-  Work launch(Op op) override;
-
  private:
+  Work launch(Op op) override;
   struct Task;
   MpiComm(MPI_Comm comm, int rank, int size, std::string name, std::vector<int> world_ranks);
   void execute(Op& op);  // runs one op (on the worker or inline)
