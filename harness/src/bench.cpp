@@ -1,8 +1,12 @@
 // Rank-consistent Google Benchmark iterations and nccl-tests style bandwidth counters.
 #include "dtl/harness/bench.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <mpi.h>
+
 #include <algorithm>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "dtl/error.hpp"
@@ -50,15 +54,27 @@ void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_fa
 }
 
 void run_all_reduce(benchmark::State& state, Comm& comm,
-                    const std::function<void(const torch::Tensor&)>& all_reduce, bool small_warm_up) {
+                    const std::function<void(const torch::Tensor&)>& all_reduce, bool small_warm_up,
+                    bool check_wire_bytes) {
+  DTL_CHECK(comm.size() == Runtime::get().world_size(),
+            "bench::run_all_reduce: the benchmark's Comm must span the world");
   const int64_t numel = state.range(0) / 4;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(Runtime::get().device());
-  // Rank-dependent small integers: every partial sum is exact in float32 whatever the order, so
-  // the result of every timed call can be checked exactly. A benchmark that skips the work, or
-  // does it only for the benchmark's size, fails the check instead of winning.
-  const torch::Tensor pattern = torch::arange(numel, opts).remainder(7);
-  const torch::Tensor input = pattern + (comm.rank() + 1);
-  const torch::Tensor expected = pattern * comm.size() + comm.size() * (comm.size() + 1) / 2;
+  // Small random integers: every partial sum is exact in float32 whatever the order, so the
+  // result of every timed call can be checked exactly. They are drawn from a seed rank 0 takes
+  // from the OS at run time and sends over the runtime's control channel, and the expected sum
+  // is computed through that channel too: no submission can know the other ranks' inputs
+  // without communicating, so one that skips the work, or does it only at the benchmark's size,
+  // fails the check instead of winning.
+  uint64_t seed = 0;
+  if (comm.rank() == 0) seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, Runtime::get().control_comm());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(comm.rank()));
+  const torch::Tensor input = torch::randint(0, 7, {numel}, gen, torch::kFloat32).to(opts.device());
+  torch::Tensor expected = input.cpu().clone();  // a copy: the all-reduce below is in place
+  MPI_Allreduce(MPI_IN_PLACE, expected.data_ptr(), static_cast<int>(numel), MPI_FLOAT, MPI_SUM,
+                Runtime::get().control_comm());
+  expected = expected.to(opts.device());
   torch::Tensor t = input.clone();
   try {
     all_reduce(small_warm_up ? torch::ones({1}, opts) : t);
@@ -68,6 +84,7 @@ void run_all_reduce(benchmark::State& state, Comm& comm,
   }
   t.copy_(input);
   bool wrong = false;
+  const double wire_before = comm.stats().total_wire_bytes();
   for (auto _ : state) {
     {
       Iteration it(state);  // barrier, start; stop and take the max over ranks
@@ -77,9 +94,20 @@ void run_all_reduce(benchmark::State& state, Comm& comm,
     if (!wrong && !torch::equal(t, expected)) wrong = true;
     t.copy_(input);
   }
+  // An all-reduce moves at least 2 (n-1)/n of the data per rank (the ring's figure): a result
+  // that arrives with fewer bytes on the wire did not come through this Comm.
+  const double moved = comm.stats().total_wire_bytes() - wire_before;
+  const double least = static_cast<double>(state.iterations()) * static_cast<double>(numel * 4) *
+                       bus_factor(OpType::AllReduce, comm.size());
+  const bool too_little = check_wire_bytes && moved < 0.999 * least;
   // Every rank learns whether any rank saw a wrong result, so all of them report alike.
   if (dtl::max_over_ranks(wrong ? 1.0 : 0.0) > 0) {
     state.SkipWithError("wrong result: the all-reduce under test did not produce the sum");
+    return;
+  }
+  if (dtl::max_over_ranks(too_little ? 1.0 : 0.0) > 0) {
+    state.SkipWithError("wrong result: the all-reduce moved fewer bytes through the Comm than an "
+                        "all-reduce must (2 (n-1)/n of the data per rank)");
     return;
   }
   set_bandwidth_counters(state, static_cast<double>(numel * 4), bus_factor(OpType::AllReduce, comm.size()));

@@ -371,6 +371,11 @@ HarnessFlags harness_flags(int& argc, char** argv) {
   return f;
 }
 
+// A DTL_JOB's exit code, carried out of the Runtime's scope.
+struct JobDone {
+  int rc;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -392,7 +397,7 @@ int main(int argc, char** argv) {
       rc = job(args);
       watchdog.disarm();
       MPI_Comm_free(&side);
-      return rc;
+      throw JobDone{rc};  // leave through the Runtime's destructor (MPI_Finalize), then _Exit
     }
     {
       Watchdog watchdog(flags.timeout, side);
@@ -425,9 +430,15 @@ int main(int argc, char** argv) {
       }
     }
     MPI_Comm_free(&side);
+  } catch (const JobDone& done) {
+    rc = done.rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  return rc;
+  // The report is written and MPI is finalised: leave now. Returning from main would run the
+  // static destructors of every object file, a submission's included, after the report exists
+  // (the grader's trust rule: nothing of the student's runs after the report is written).
+  std::fflush(nullptr);
+  std::_Exit(rc);
 }

@@ -57,8 +57,10 @@ void set_bandwidth_counters(benchmark::State& state, double bytes, double bus_fa
 // (under the emulator, so the large sizes' emulated seconds are not paid twice); a dtl::Error
 // there (e.g. "not implemented") skips the benchmark on every rank alike, so no rank is left
 // waiting.
+// check_wire_bytes: also require the Comm's stats to show at least the bytes an all-reduce
+// must move (2 (n-1)/n of the data per rank and call), for all-reduces that run on `comm` itself.
 void run_all_reduce(benchmark::State& state, Comm& comm,
                     const std::function<void(const torch::Tensor&)>& all_reduce,
-                    bool small_warm_up = false);
+                    bool small_warm_up = false, bool check_wire_bytes = false);
 
 }  // namespace dtl::bench
