@@ -5,7 +5,9 @@
 #   correct     the reference, plus files outside the allow-list -> full marks, files ignored
 #   skeleton    the untouched skeleton                    -> 0, "not started" (nothing built);
 #                                                            with --all: 0, "not implemented"
-#   nocompile   the reference plus a syntax error         -> 0, "does not compile"
+#   nocompile   the reference plus a pointer to the private -> 0, "does not compile"
+#               Comm::launch taken in a derived class (it would run the built-in collectives
+#               unrecorded, past lab 03's deny list of Comm::all_reduce)
 #   segv        crashes on rank 2                         -> runs with n >= 3 score 0, "crashed"
 #   deadlock    rank 1 skips ring_all_reduce              -> its runs with n >= 2 score 0, "hang"
 #   slow        correct but 3x slower                     -> correctness, no performance points
@@ -23,8 +25,15 @@
 #                 the result by the built-in Comm::all_reduce        (lab 03's deny list)
 #                 an inline Comm::barrier replacing the runtime's    (replaces)
 #                 a setsid daemon to stop the reference's benchmark  (calls fork)
+#                 fmt::output_file and at::DynamicLibrary (dlopen)   (escape hatches)
+#                 Comm::reset_stats, memory::reset_peak              (measurement tampering)
 # and those stopped by what the grader measures:
-#   benchcheat  skips the work at the benchmark's size only         -> tests pass, performance 0
+#   benchcheat  skips the work at the benchmark's size only         -> tests pass, performance 0,
+#               in seconds (a fixed number of calls per size)
+#   localsum    the benchmark's sum computed locally (no communication) -> performance 0
+#   destructor  a static destructor that would crash after the report -> full marks (never runs)
+#   daemon-noaudit  a setsid daemon graded without the audit         -> killed by the grader
+#   lab01       lab 01's reference graded in the lab-03 scratch       -> full marks (reconfigured)
 #   sleepy      sleeps in every call                                 -> stopped by the time budget
 #   flood       prints without end                                   -> stopped by the output cap
 set -euo pipefail
@@ -35,13 +44,20 @@ skel="$root/labs/03_ring_allreduce/ring_allreduce.cpp"
 f=ring_allreduce.cpp
 rm -rf "$out"
 for v in correct skeleton nocompile segv deadlock slow partial cheat-source cheat-object \
-         benchcheat sleepy flood; do mkdir -p "$out/$v"; done
+         benchcheat localsum destructor daemon-noaudit sleepy flood lab01; do mkdir -p "$out/$v"; done
 
 cp "$ref" "$out/correct/$f"
 echo "int main() { return 0; }" >"$out/correct/grader_hack.cpp"
 echo "not part of the lab" >"$out/correct/notes.txt"
 cp "$skel" "$out/skeleton/$f"
-{ cat "$ref"; echo 'this line is not C++;'; } >"$out/nocompile/$f"
+{ cat "$ref"; cat <<'EOF'
+namespace dtl::lab03 {
+struct LaunchThief : Comm {
+  static auto backdoor() { return &LaunchThief::launch; }
+};
+}  // namespace dtl::lab03
+EOF
+} >"$out/nocompile/$f"
 
 # Wrap ring_all_reduce: the reference is renamed, a wrapper takes its place.
 wrap() {  # wrap BODY
@@ -137,6 +153,22 @@ static const int selftest_daemon = [] {
   return 0;
 }();
 }  // namespace dtl::lab03
+// Escape hatches inside allowed namespaces: fmt's files, dlopen/dlsym through ATen.
+#include <ATen/DynamicLibrary.h>
+#include <fmt/os.h>
+#include "dtl/memory.hpp"
+namespace dtl::lab03 {
+static const int selftest_hatches = [] {
+  fmt::output_file("selftest.txt").print("{}", 1);
+  at::DynamicLibrary libc("libc.so.6");
+  return libc.sym("getpid") != nullptr;
+}();
+// Measurement tampering: forget the traffic and the memory peak the tests are about to check.
+void selftest_forget(Comm& comm) {
+  comm.reset_stats();
+  memory::reset_peak();
+}
+}  // namespace dtl::lab03
 // interpose: an inline definition of a runtime function wins over the library's at run time
 // (the executable comes first in symbol lookup), so the tests' oracle could be replaced.
 namespace dtl {
@@ -148,6 +180,50 @@ void (Comm::*selftest_keep)() = &Comm::barrier;
 }  // namespace dtl::lab03
 CPP
 
+# localsum: at the benchmark's size, the sum computed locally from what the inputs used to be (a
+# closed formula of rank and index) instead of communicating.
+wrap '  if (tensor.numel() == 4194304) {
+    const int64_t n = comm.size();
+    tensor.copy_(torch::arange(tensor.numel(), tensor.options()).remainder(7) * n + n * (n + 1) / 2);
+    return;
+  }
+  ring_all_reduce_reference(comm, tensor, op);' >"$out/localsum/$f"
+# destructor: a static object of the submission whose destructor would crash the process after
+# main returns, i.e. after the test report is written. The test main ends with _Exit: it never
+# runs, and the submission gets its full marks.
+{ cat "$ref"; cat <<'CPP'
+#include <cstdlib>
+namespace dtl::lab03 {
+namespace {
+struct SelftestLate {
+  ~SelftestLate() { std::abort(); }
+} selftest_late;
+}  // namespace
+}  // namespace dtl::lab03
+CPP
+} >"$out/destructor/$f"
+# daemon-noaudit: a setsid daemon, graded with the audit off: the grader must kill it anyway.
+{ cat "$ref"; cat <<'CPP'
+#include <unistd.h>
+namespace dtl::lab03 {
+static const int selftest_daemon = [] {
+  if (fork() == 0) {
+    setsid();
+    if (fork() == 0) {
+      // A real daemon lets go of every descriptor (mpirun's output pipes included, or mpirun
+      // would wait for it and the job would time out): it outlives the job unnoticed.
+      for (int fd = 0; fd < 1024; ++fd) close(fd);
+      for (;;) sleep(1);
+    }
+    _exit(0);
+  }
+  return 0;
+}();
+}  // namespace dtl::lab03
+CPP
+} >"$out/daemon-noaudit/$f"
+# lab01: another lab's submission graded in the same scratch build (its lab set must change).
+cp "$root/solutions/01_why_distributed/why_distributed.cpp" "$out/lab01/"
 # benchcheat: no work at the benchmark's size (16 MiB of float32), the real thing elsewhere.
 wrap '  if (tensor.numel() == 4194304) return;
   ring_all_reduce_reference(comm, tensor, op);' >"$out/benchcheat/$f"

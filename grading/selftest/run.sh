@@ -68,7 +68,7 @@ expect skeleton-all "output contains 'larger world sizes not run'"
 grade nocompile --no-perf
 expect nocompile "score == 0"
 expect nocompile "reason contains 'does not compile'"
-expect nocompile "output contains 'error'"
+expect nocompile "output contains 'launch'"
 grade segv --no-perf
 expect segv "score > 0"
 expect segv "score < max"
@@ -98,14 +98,40 @@ grade cheat-object --no-perf
 expect cheat-object "score == 0"
 expect cheat-object "reason contains 'rejected by the code audit'"
 for finding in "calls std::basic_ofstream" "calls atexit" "calls MPI_Allreduce" \
-               "calls dtl::Comm::all_reduce" "replaces dtl::Comm::barrier" "calls fork"; do
+               "calls dtl::Comm::all_reduce" "replaces dtl::Comm::barrier" "calls fork" \
+               "calls fmt::" "calls at::DynamicLibrary" "calls dtl::Comm::reset_stats" \
+               "calls dtl::memory::reset_peak"; do
   expect cheat-object "output contains '$finding'"
 done
+# A static destructor runs after main returns, after the report: the test main never returns.
+grade destructor --no-perf
+expect destructor "correctness == correctness_max"
+# A daemon that escaped its session, with the audit off: the grader kills what its commands leave.
+grade daemon-noaudit --no-perf --no-audit
+expect daemon-noaudit "correctness == correctness_max"
+# (This self-test's own processes only: their command lines hold its scratch directory.)
+if pgrep -f "$work/.*lab03_(test|grade|bench)_student" >/dev/null; then
+  echo "FAIL daemon-noaudit: a student process outlived grading"; fails=$((fails + 1))
+  failed+=("daemon-noaudit: survived"); pkill -KILL -f "$work/.*lab03_(test|grade|bench)_student"
+else
+  echo "ok   daemon-noaudit: nothing survived"
+fi
+
 # ...and these by what the grader measures.
+start=$SECONDS
 grade benchcheat --perf-rounds 1
 expect benchcheat "correctness == correctness_max"
 expect benchcheat "performance == 0"
 expect benchcheat "output contains 'wrong result'"
+if [ $((SECONDS - start)) -gt 90 ]; then
+  echo "FAIL benchcheat: a nearly free call took $((SECONDS - start)) s to benchmark"; fails=$((fails + 1))
+  failed+=("benchcheat: slow")
+fi
+grade localsum --perf-rounds 1
+expect localsum "correctness == correctness_max"
+expect localsum "performance == 0"
+expect localsum "output contains 'wrong result'"
+
 echo '{"03": 1}' >"$work/times.json"
 grade sleepy --no-perf --reference-times "$work/times.json" --budget-min 10
 expect sleepy "score < max"
@@ -113,6 +139,14 @@ expect sleepy "output contains 'time budget of 10 s for lab 03 used up'"
 grade flood --no-perf --output-limit-mb 8
 expect flood "score == 0"
 expect flood "reason contains 'output reached the limit of 8 MiB'"
+
+# Another lab in the same scratch build: it must be configured for that lab, not report "does not
+# compile" because the first lab's DTL_ONLY_LABS stayed.
+echo "==== lab01"
+"$root/lab" grade --submission "$work/subs/lab01" --json "$work/lab01.json" --no-perf \
+  --test-timeout 30 --max-world 2 >"$work/lab01.log" 2>&1
+tail -n 4 "$work/lab01.log"
+expect lab01 "score == max"
 
 # Gradescope, end to end: run_autograder on a tree laid out as Gradescope lays it out, as root
 # with the unprivileged user when the CI runs as root (as Gradescope does).

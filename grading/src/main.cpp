@@ -108,6 +108,26 @@ std::string not_implemented_reason(const std::string& msg) {
 
 // The audit's policy for a lab: its namespace, its rubric's extra patterns, its headers; and
 // the student sources to check.
+// The compiled student files of lab r on `side` ("student" or "reference"): a lab's given frame
+// (FRAME sources) is compiled into the same library but is the course's code, not the
+// submission's.
+std::vector<std::string> lab_objects(const std::string& build, const Rubric& r,
+                                     const std::string& side) {
+  std::vector<std::string> objects;
+  std::error_code ec;
+  const std::string objdir = fmt::format("/dtl_lab{}_{}.dir/", r.lab, side);
+  for (auto it = fs::recursive_directory_iterator(fs::path(build) / "labs", ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const std::string p = it->path().string();
+    const std::string base = it->path().filename().string();
+    const bool student_file = std::any_of(r.student_files.begin(), r.student_files.end(),
+                                          [&](const std::string& f) { return base == f + ".o"; });
+    if (p.find(objdir) != std::string::npos && student_file) objects.push_back(p);
+  }
+  return objects;
+}
+
 AuditPolicy policy_for(const Rubric& r, const std::string& source, std::vector<std::string>& files) {
   AuditPolicy policy;
   policy.lab = r.lab;
@@ -138,12 +158,17 @@ class Grader {
       gid_ = static_cast<int>(pw->pw_gid);
     }
     if (!opt_.reference_times.empty()) load_reference_times();
+    adopt_orphans();  // a daemon a submission starts cannot escape to init (reap_student)
   }
 
   // After every student command: nothing of the student's may outlive it (a setsid daemon
   // that would stop the reference's benchmark or rewrite results.json later).
   void reap_student() const {
-    if (uid_ > 0 && opt_.side == "student") kill_user_processes(uid_, gid_);
+    if (opt_.side != "student") return;
+    if (uid_ > 0) kill_user_processes(uid_, gid_);
+    // As any user: whatever the command left behind is a child of ours (we adopt orphans).
+    if (const int n = kill_descendants(); n > 0)
+      std::cerr << fmt::format("grader: killed {} process(es) a student command left running\n", n);
   }
   Limits student_limits() const {
     Limits l;
@@ -306,21 +331,9 @@ class Grader {
   // The static audit (audit.hpp) of the student's objects and sources: "" if clean, else the
   // reason every test of the lab gets 0, with the full list in `output`.
   std::string audit(const Rubric& r, std::string& output) {
-    std::vector<std::string> sources, objects;
+    std::vector<std::string> sources;
     AuditPolicy policy = policy_for(r, opt_.source, sources);
-    std::error_code ec;
-    const std::string objdir = fmt::format("dtl_lab{}_student.dir", r.lab);
-    for (auto it = fs::recursive_directory_iterator(fs::path(opt_.build) / "labs", ec);
-         it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) break;
-      // The student's own files only: a lab's given frame (FRAME sources) is compiled into
-      // the same library but is the course's code, not the submission's.
-      const std::string p = it->path().string();
-      const std::string base = it->path().filename().string();
-      const bool student_file = std::any_of(r.student_files.begin(), r.student_files.end(),
-                                            [&](const std::string& f) { return base == f + ".o"; });
-      if (p.find("/" + objdir + "/") != std::string::npos && student_file) objects.push_back(p);
-    }
+    const std::vector<std::string> objects = lab_objects(opt_.build, r, "student");
     // The shared libraries the tests load, from the reference's binary (never run student code
     // to learn something about it).
     const std::string ref = bin(r, "test", "reference");
@@ -1064,6 +1077,16 @@ int validate_rubrics(const Options& opt) {
           problem(r, fmt::format("{}:{}: includes \"{}\" (grading tests see only the lab's headers, "
                                  "dtl/ and their own directory)", e.path().filename().string(), n, inc));
       }
+    }
+    // The reference passes its own lab's audit: the policy rejects no honest code that the
+    // course itself writes (a new deny pattern that catches a reference fails here, in CI).
+    if (has_reference) {
+      std::vector<std::string> sources;
+      AuditPolicy policy = policy_for(r, opt.source, sources);
+      const auto objects = lab_objects(opt.build, r, "reference");
+      if (objects.empty()) problem(r, "the reference's objects were not found in the build");
+      for (auto& finding : audit_objects(objects, policy))
+        problem(r, "the reference fails the code audit: " + finding);
     }
     std::cerr << fmt::format("lab {}: rubric checked ({} groups, {} performance checks)\n", r.lab,
                              r.tests.size(), r.performance.size());

@@ -1,8 +1,10 @@
 // Child processes with a hard timeout: nothing the student's code does can hang the grader.
 #include "run.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -16,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 namespace dtl::grade {
 
@@ -119,6 +122,42 @@ bool kill_user_processes(int uid, int gid) {
   int status = 0;
   if (pid > 0) waitpid(pid, &status, 0);
   return pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+void adopt_orphans() { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
+
+int kill_descendants() {
+  const pid_t self = getpid();
+  int killed = 0;
+  // Killing a process re-parents its own children to us (we are their subreaper): sweep until
+  // no child is left, a bounded number of times.
+  for (int round = 0; round < 50; ++round) {
+    std::vector<pid_t> children;
+    if (DIR* proc = opendir("/proc")) {
+      while (dirent* e = readdir(proc)) {
+        const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+        if (pid <= 0) continue;
+        std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
+        std::string line;
+        if (!std::getline(stat, line)) continue;
+        // "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
+        const size_t close = line.rfind(')');
+        if (close == std::string::npos) continue;
+        std::istringstream rest(line.substr(close + 1));
+        char state = 0;
+        int ppid = 0;
+        rest >> state >> ppid;
+        if (ppid == self) children.push_back(pid);
+      }
+      closedir(proc);
+    }
+    if (children.empty()) break;
+    for (pid_t pid : children) {
+      if (kill(pid, SIGKILL) == 0) ++killed;
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  return killed;
 }
 
 std::string capture(const std::string& shell_command) {

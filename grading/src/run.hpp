@@ -34,6 +34,15 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
 // a child takes that uid and signals all it may signal. Needs root; returns false otherwise.
 bool kill_user_processes(int uid, int gid);
 
+// Makes this process the "subreaper" of everything it starts (Linux prctl): a process that
+// escapes its parent and session (setsid, double fork) is re-parented to the grader instead of
+// init, so it can still be found and killed.
+void adopt_orphans();
+// Kills every child of this process and, as they are re-parented here, theirs: what a student
+// command left behind after it ended (a daemon). Call it when no command of the grader's own is
+// running. Returns how many processes it killed.
+int kill_descendants();
+
 // Output of a trusted command (nm, ldd), all of it; throws if it cannot run.
 std::string capture(const std::string& shell_command);
 
