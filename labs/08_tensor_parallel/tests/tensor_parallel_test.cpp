@@ -241,6 +241,8 @@ TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
   const auto before = comm->stats();
   const torch::Tensor yp = tp(xp);
   const int64_t forward_reduces = count_since(before, *comm, OpType::AllReduce);
+  const int64_t forward_bytes =
+      comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes;
   const torch::Tensor ys = serial(xs);
   DTL_EXPECT_CLOSE(yp, ys);
   const torch::Tensor w = same_input({2, 4, kIn}, 41);
@@ -251,6 +253,14 @@ TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
     EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 2)
         << "backward: only the all-reduce of x's gradient (fc's copy_to_tp)";
     EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "") << "no other communication";
+    // What is summed: the output [2, 4, d] forward and x's gradient backward, never weights
+    // (all-reducing zero-padded weight shards and computing the whole MLP locally has the same
+    // count).
+    const int64_t activation_bytes = x.numel() * 4;
+    EXPECT_EQ(forward_bytes, activation_bytes) << "forward: one [2, 4, d] float32 all-reduce";
+    EXPECT_EQ(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
+              2 * activation_bytes)
+        << "backward: one [2, 4, d] float32 all-reduce";
   }
   DTL_EXPECT_CLOSE(xp.grad(), xs.grad());
   DTL_EXPECT_CLOSE(tp->fc->weight.grad(),
