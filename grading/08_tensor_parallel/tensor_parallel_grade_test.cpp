@@ -1,6 +1,7 @@
 // Grading tests of lab 08 (hidden from students until the deadline). They check nothing the
-// header does not promise: other shapes and dtypes, non-contiguous inputs, a tp group that is
-// not the world, several training steps, and the tp = 1 case of the operators.
+// header does not promise: other shapes and dtypes, non-contiguous inputs, parameters that are
+// copies, the collectives of the flags, several training steps, and the tp = 1 case of the
+// operators. (A tp group that is not the world: the public tests' UsesOnlyItsGroup.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -19,12 +20,6 @@ namespace {
 
 using namespace lab08_test;  // NOLINT: serial_linear, same_input, mine, fresh_comm, ...
 using ::testing::HasSubstr;
-
-// Two tp groups side by side: even and odd world ranks (sizes 2 and 2 at world 4, 2 and 1 at
-// world 3). Each must use only its own group.
-std::shared_ptr<Comm> half_group() {
-  return dtl::world().split(dtl::world().rank() % 2, dtl::world().rank());
-}
 
 // Scatter then gather is the identity, forward and backward, for a non-contiguous float64
 // input and for a 1-D one.
@@ -71,46 +66,27 @@ TEST(GradeOperators, TpOfOneCommunicatesNothing) {
   EXPECT_EQ(self->stats().total_count() - before.total_count(), 0);
 }
 
-// The layers on a sub-group: the oracle is the same serial layer, sliced by the GROUP's rank.
-TEST(GradeLayers, ColumnThenRowOnASubGroup) {
-  auto group = half_group();
-  const int64_t in = 16, mid = 32, out = 8;  // divisible by 1 and 2
-  torch::nn::Linear a = serial_linear(in, mid, true, 60), b = serial_linear(mid, out, true, 61);
-  ColumnParallelLinear col(a->weight, a->bias, *group, false);
-  RowParallelLinear row(b->weight, b->bias, *group, true);
-  const torch::Tensor x = same_input({3, 2, in}, 62);
-  const torch::Tensor xs = x.clone().requires_grad_(true), xp = x.clone().requires_grad_(true);
-  const torch::Tensor ys = b(torch::relu(a(xs))), yp = row(torch::relu(col(xp)));
-  DTL_EXPECT_CLOSE(yp, ys);
-  ys.pow(2).sum().backward();
-  yp.pow(2).sum().backward();
-  const Range h = mine(mid, *group);
-  DTL_EXPECT_CLOSE(xp.grad(), xs.grad());
-  DTL_EXPECT_CLOSE(col->weight.grad(), a->weight.grad().narrow(0, h.begin, h.size()));
-  DTL_EXPECT_CLOSE(col->bias.grad(), a->bias.grad().narrow(0, h.begin, h.size()));
-  DTL_EXPECT_CLOSE(row->weight.grad(), b->weight.grad().narrow(1, h.begin, h.size()));
-  DTL_EXPECT_CLOSE(row->bias.grad(), b->bias.grad());
-}
-
-// Parameters are copies: training the shards must not write into the full weights, and the
-// shards live where the full weight lives.
+// Parameters are copies: training the shards must not write into the full weight or the full
+// bias (the column layer's bias is a slice of it, the row layer's the whole of it), and every
+// shard is a leaf that requires grad and lives where the full weight lives.
 TEST(GradeLayers, ParametersAreLeafCopies) {
   auto comm = fresh_comm();
   torch::nn::Linear s = serial_linear(kIn, kOut, true, 63);
-  const torch::Tensor before = s->weight.detach().clone();
+  const torch::Tensor weight = s->weight.detach().clone(), bias = s->bias.detach().clone();
   ColumnParallelLinear col(s->weight, s->bias, *comm, true);
   RowParallelLinear row(s->weight, s->bias, *comm, false);
-  for (const auto& p : col->parameters()) {
-    EXPECT_TRUE(p.is_leaf() && p.requires_grad());
-    EXPECT_EQ(p.device(), s->weight.device());
+  for (torch::nn::Module* layer : {static_cast<torch::nn::Module*>(col.get()),
+                                   static_cast<torch::nn::Module*>(row.get())}) {
+    ASSERT_EQ(layer->named_parameters().size(), 2u) << layer->name();
+    for (const auto& p : layer->named_parameters()) {
+      EXPECT_TRUE(p.value().is_leaf() && p.value().requires_grad()) << layer->name() << " " << p.key();
+      EXPECT_EQ(p.value().device(), s->weight.device()) << layer->name() << " " << p.key();
+      torch::NoGradGuard no_grad;
+      p.value().fill_(7.0);
+    }
   }
-  {
-    torch::NoGradGuard no_grad;
-    col->weight.fill_(7.0);
-    row->weight.fill_(7.0);
-    row->bias.fill_(7.0);
-  }
-  DTL_EXPECT_EQUAL(s->weight, before);
+  DTL_EXPECT_EQUAL(s->weight, weight) << "a weight shard is a view of the full weight";
+  DTL_EXPECT_EQUAL(s->bias, bias) << "a bias is a view of the full bias";
 }
 
 // Three SGD steps of the tensor-parallel MLP equal three serial steps: shards stay the slices.

@@ -39,17 +39,23 @@ TEST(GradeFormulas, MorePoints) {
   EXPECT_EQ(model_state_bytes(1, units, 4).params, 4 * 20);
 }
 
-TEST(GradeZero, MoreShapesFollowTheTrajectory) {
+// One test per stage (GradeZeroStage1.* ... GradeZeroStage3.*): each task earns its points alone.
+#define DTL_GRADE_PER_STAGE(Name, check) \
+  TEST(GradeZeroStage1, Name) { check(1); } \
+  TEST(GradeZeroStage2, Name) { check(2); } \
+  TEST(GradeZeroStage3, Name) { check(3); }
+
+void more_shapes(int stage) {
   GPTConfig no_bias = config(3, 32, true);
   no_bias.bias = false;
   GPTConfig wide = config(1, 24, false, 50);
   wide.d_ff = 40;
   wide.n_head = 3;
-  for (const GPTConfig& cfg : {no_bias, wide})
-    for (int stage = 1; stage <= 3; ++stage) expect_zero_equals_serial(cfg, stage, 2, adamw());
+  for (const GPTConfig& cfg : {no_bias, wide}) expect_zero_equals_serial(cfg, stage, 2, adamw());
 }
+DTL_GRADE_PER_STAGE(MoreShapesFollowTheTrajectory, more_shapes)
 
-TEST(GradeZero, LearningRateScheduleThroughSetLr) {
+void schedule_through_set_lr(int stage) {
   auto comm = fresh_comm();
   const GPTConfig cfg = config();
   dtl::OptimConfig oc = adamw();
@@ -67,65 +73,62 @@ TEST(GradeZero, LearningRateScheduleThroughSetLr) {
     }
     return dtl::testing::flat_params(*model);
   });
-  for (int stage = 1; stage <= 3; ++stage) {
-    GPT model(cfg);
-    model->to(device());
-    ZeroOptimizer zero(model, *comm, stage, oc);
-    for (int s = 0; s < steps; ++s) {
-      zero.set_lr(dtl::warmup_cosine_lr(oc, s, steps));
-      zero_step(zero, my_rows(sampler, s, *comm));
-    }
-    DTL_EXPECT_CLOSE(zero.full_parameters(), expected, 1e-4, 2e-5) << "stage " << stage;
+  GPT model(cfg);
+  model->to(device());
+  ZeroOptimizer zero(model, *comm, stage, oc);
+  for (int s = 0; s < steps; ++s) {
+    zero.set_lr(dtl::warmup_cosine_lr(oc, s, steps));
+    zero_step(zero, my_rows(sampler, s, *comm));
   }
+  DTL_EXPECT_CLOSE(zero.full_parameters(), expected, 1e-4, 2e-5) << "stage " << stage;
 }
+DTL_GRADE_PER_STAGE(LearningRateScheduleThroughSetLr, schedule_through_set_lr)
 
 // Two backwards before one step: gradients add up (autograd's accumulation into .grad, or
 // into the shards' .grad), each micro-batch's loss halved, as gradient accumulation does.
-TEST(GradeZero, TwoMicroBatchesAccumulateBeforeOneStep) {
+void two_micro_batches(int stage) {
   auto comm = fresh_comm();
   const GPTConfig cfg = config();
   dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 22);
   dtl::data::GlobalBatchSampler sampler(corpus, 4 * comm->size(), cfg.seq_len);
   const torch::Tensor expected = serial_params(cfg, sampler, 1, adamw(1.0));
   const int64_t per = 4;
-  for (int stage = 1; stage <= 3; ++stage) {
-    GPT model(cfg);
-    model->to(device());
-    ZeroOptimizer zero(model, *comm, stage, adamw(1.0));
-    zero.zero_grad();
-    const int64_t begin = comm->rank() * per;
-    for (int64_t half : {0, 1}) {
-      torch::Tensor rows = sampler.rows(0, begin + 2 * half, begin + 2 * half + 2).to(device());
-      (zero.loss(rows) * 0.5).backward();
-    }
-    zero.step();
-    DTL_EXPECT_CLOSE(zero.full_parameters(), expected, 1e-4, 2e-5) << "stage " << stage;
+  GPT model(cfg);
+  model->to(device());
+  ZeroOptimizer zero(model, *comm, stage, adamw(1.0));
+  zero.zero_grad();
+  const int64_t begin = comm->rank() * per;
+  for (int64_t half : {0, 1}) {
+    torch::Tensor rows = sampler.rows(0, begin + 2 * half, begin + 2 * half + 2).to(device());
+    (zero.loss(rows) * 0.5).backward();
   }
+  zero.step();
+  DTL_EXPECT_CLOSE(zero.full_parameters(), expected, 1e-4, 2e-5) << "stage " << stage;
 }
+DTL_GRADE_PER_STAGE(TwoMicroBatchesAccumulateBeforeOneStep, two_micro_batches)
 
 // A tied head reads wte in the head's call: stage 2 reduce-scatters the embedding unit twice,
 // stage 3 gathers it twice more and reduce-scatters it twice.
-TEST(GradeZero, TiedHeadCommunicatesTheEmbeddingPerUse) {
+void tied_head_traffic(int stage) {
   auto comm = fresh_comm();
   const GPTConfig cfg = config(2, 32, /*tied=*/true);
   dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 5);
   dtl::data::GlobalBatchSampler sampler(corpus, 2 * comm->size(), cfg.seq_len);
-  for (int stage = 1; stage <= 3; ++stage) {
-    GPT model(cfg);
-    model->to(device());
-    ZeroOptimizer zero(model, *comm, stage, adamw());
-    const int64_t units = static_cast<int64_t>(zero.units().size());
-    const int64_t uses = units + 1;  // the embedding twice
-    comm->reset_stats();
-    zero_step(zero, my_rows(sampler, 0, *comm));
-    const auto st = comm->stats();
-    EXPECT_EQ(st[OpType::ReduceScatter].count, stage == 1 ? units : uses) << "stage " << stage;
-    EXPECT_EQ(st[OpType::AllGather].count, stage == 3 ? 2 * uses : units) << "stage " << stage;
-    EXPECT_EQ(st.total_count(), st[OpType::ReduceScatter].count + st[OpType::AllGather].count);
-  }
+  GPT model(cfg);
+  model->to(device());
+  ZeroOptimizer zero(model, *comm, stage, adamw());
+  const int64_t units = static_cast<int64_t>(zero.units().size());
+  const int64_t uses = units + 1;  // the embedding twice
+  comm->reset_stats();
+  zero_step(zero, my_rows(sampler, 0, *comm));
+  const auto st = comm->stats();
+  EXPECT_EQ(st[OpType::ReduceScatter].count, stage == 1 ? units : uses) << "stage " << stage;
+  EXPECT_EQ(st[OpType::AllGather].count, stage == 3 ? 2 * uses : units) << "stage " << stage;
+  EXPECT_EQ(st.total_count(), st[OpType::ReduceScatter].count + st[OpType::AllGather].count);
 }
+DTL_GRADE_PER_STAGE(TiedHeadCommunicatesTheEmbeddingPerUse, tied_head_traffic)
 
-TEST(GradeZero, Stage3FullParametersGathersAndFreesAgain) {
+TEST(GradeZeroStage3, FullParametersGathersAndFreesAgain) {
   auto comm = fresh_comm();
   const GPTConfig cfg = config(1, 24, false, 50);
   const torch::Tensor expected = dtl::testing::serial(1, [&] {
@@ -140,9 +143,8 @@ TEST(GradeZero, Stage3FullParametersGathersAndFreesAgain) {
   EXPECT_EQ(zero.stage(), 3);
 }
 
-TEST(GradeZero, MeasuredStateOfATiedModel) {
-  expect_state_matches_formula(config(3, 32, /*tied=*/true), /*first_stage=*/1);
-}
+void measured_tied(int stage) { expect_state_matches_formula(config(3, 32, /*tied=*/true), stage); }
+DTL_GRADE_PER_STAGE(MeasuredStateOfATiedModel, measured_tied)
 
 }  // namespace
 }  // namespace lab14_test

@@ -134,8 +134,9 @@ inline torch::nn::LayerNorm copy_of(const torch::nn::LayerNormImpl& serial) {
 // heads side by side, so rank r's heads are exactly its column slice.
 // forward(x [B, T, d], the same on every rank) -> [B, T, d], equal to the serial attention on
 // every rank (attention_of_heads does the per-head part); one all-reduce forward (proj's), one
-// backward (qkv's input gradient), nothing else. Heads not divisible by tp: dtl::Error mentioning
-// "n_head" and "divisible" (before any communication).
+// backward (qkv's input gradient), nothing else. The weights and x share one floating dtype
+// (float32 or float64: the output has it) and any T >= 1. Heads not divisible by tp: dtl::Error
+// mentioning "n_head" and "divisible" (before any communication).
 class ParallelAttentionImpl : public torch::nn::Module {
  public:
   ParallelAttentionImpl(const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
@@ -153,8 +154,9 @@ TORCH_MODULE(ParallelAttention);
 
 // ---------------------------------------------------------------- Task 2: the embedding
 //
-// The token embedding with the vocabulary split: built from the FULL table [V, d], it keeps rows
-// shard_of(V, tp, rank) (registered as "weight", a leaf copy that requires grad).
+// The token embedding with the vocabulary split: built from the FULL table [V, d] (float32 or
+// float64), it keeps rows shard_of(V, tp, rank) (registered as "weight", a leaf copy that
+// requires grad, of the table's dtype; the output has it too).
 // forward(idx [B, T] int64, the same on every rank) -> [B, T, d], equal to the serial lookup on
 // every rank: rows for tokens outside this rank's range are zero, and ONE all-reduce (sum) over
 // tp fills them in (lab 08's reduce_from_tp: nothing in backward, where each rank's gradient
@@ -185,11 +187,15 @@ TORCH_MODULE(VocabParallelEmbedding);
 // Mean cross-entropy from vocabulary-split logits: local_logits [..., V/tp] are this rank's
 // columns [r V/tp, (r+1) V/tp) of the full logits [..., V]; targets [...] (int64, the same on
 // every rank, same leading shape) index the FULL vocabulary. Returns the scalar mean over all
-// targets, equal to cross_entropy(full logits, targets) and the same on every rank. Numerically
+// targets, equal to cross_entropy(full logits, targets) and the same on every rank.
+// local_logits are float32 or float64 (the loss has their dtype), contiguous or not (e.g. a
+// column slice of the full logits); targets may all belong to one rank's columns. Numerically
 // stable: subtract the max over the full vocabulary first (logits of 1e4 give a finite loss).
 // Communication: all-reduces (over tp) of per-token numbers only, at most three of them in
 // forward, none in backward. The gradient of local_logits is this rank's columns of the serial
-// gradient, (softmax - one_hot(target)) / N. The full [..., V] logits must never be built.
+// gradient, (softmax - one_hot(target)) / N, times the gradient that reaches the loss (a loss
+// scaled by 2.5 before backward gives 2.5 times that). The full [..., V] logits must never be
+// built.
 // Shapes that do not match, or a target outside [0, V): dtl::Error mentioning "target".
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& local_logits,
                                            const torch::Tensor& targets, Comm& tp);

@@ -30,6 +30,8 @@
 //
 // Communicators: tp for sequence parallelism, cp for ring attention (their size() and rank());
 // never dtl::world(). Dropout is not supported (lab 09's check_tp_config rejects it).
+// Tensors: float32 or float64 (outputs have the input's dtype), contiguous or not (a transposed
+// or sliced view is a valid input), on the Comm's device.
 #pragma once
 
 #include <fmt/format.h>
@@ -74,8 +76,8 @@ inline RingBytes ring_attention_bytes(int64_t block_elements, int64_t element_si
 // ---------------------------------------------------------------- Task 1: the operators
 //
 // torch::autograd::Functions along the sequence (dimension 1) over the tp group; x is at least
-// 2-D. With tp = 1 each returns a copy of its input and communicates nothing. Outputs are new
-// tensors. A sequence length tp does not divide is a dtl::Error with "sequence length" and
+// 2-D, of any floating dtype and layout (e.g. a permuted view; the output is contiguous). With
+// tp = 1 each returns a copy of its input and communicates nothing. Outputs are new tensors. A sequence length tp does not divide is a dtl::Error with "sequence length" and
 // "divisible" (scatter_to_sp and reduce_scatter_to_sp check T before any communication).
 //
 //   operator              forward                                backward
@@ -169,9 +171,11 @@ void sync_sequence_parallel_grads(torch::nn::Module& model, Comm& tp);
 // A torch::autograd::Function: the gradients of q, k and v are this rank's chunks of the full
 // attention's gradients.
 // Forward keeps only per-query running statistics (max, sum of exponentials) and the output,
-// never a [Tc, T] score row; chunks of ranks after r are fully masked and are not computed.
+// never a [Tc, T] score row nor any [Tc, Tc] block of it (backward recomputes them); chunks of
+// ranks after r are fully masked and are not computed. q, k, v: float32 or float64, contiguous
+// or not (views of a [B, T, 3, H, Dh] projection, say).
 // Communication on cp: exactly ring_attention_bytes(B H Tc Dh, element size, cp) with sendrecvs
-// to rank r + 1 and from rank r - 1 (mod cp), and no other collective. q, k, v of different
+// to rank r + 1 and from rank r - 1 (mod cp), forward and backward, and no other collective. q, k, v of different
 // shapes, or not 4-D: dtl::Error mentioning "q, k, v".
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              Comm& cp);

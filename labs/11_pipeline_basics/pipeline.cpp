@@ -60,7 +60,7 @@ void PipelineStage::backward(int64_t micro, double loss_scale) {
 StepStats fill_drain_step(PipelineStage& stage, torch::optim::Optimizer& optimizer,
                           const torch::Tensor& global_batch, int64_t micro_batches) {
   // TODO(lab11): check micro_batches, clear gradients, run every forward then every backward
-  // (which order for the backwards lets the last stage start at once?), sum the tied
+  // (in the header's order; why must every stage use the same one?), sum the tied
   // embedding's gradient over stage.embedding_group() when there is one, step, finish_step,
   // and report the loss on every stage.
   (void)stage;

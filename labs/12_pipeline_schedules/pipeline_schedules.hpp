@@ -21,7 +21,9 @@
 //   interleaved 1F1B (Megatron,   each rank holds v model chunks (virtual stages r, r+p, ...,
 //   Narayanan et al. 2021)        r+(v-1)p of p v): a micro-batch visits every rank v times,
 //                                 each visit 1/v of the work, so the fill and drain shrink v-fold:
-//                                 bubble (p-1)/(v m + p-1), for v times the point-to-point traffic.
+//                                 bubble (p-1)/(v m + p-1) of the step, for v times the
+//                                 point-to-point traffic. (The paper states it as (p-1)/(v m)
+//                                 of the ideal time m (f + b); the same bubble.)
 //
 // Ranks, stages and chunks: rank r of p holds the model chunks c = 0..v-1, chunk c of rank r
 // being the virtual stage c p + r of the p v stages the model is cut into (v = 1: stage r).
@@ -79,8 +81,8 @@ Schedule one_f_one_b(int p, int64_t m);
 // k-th backward the same micro-batch of chunk v - 1 - (k % (p v)) / p: groups of p micro-batches
 // go through chunk 0, then chunk 1, ... Warm-up forwards on rank r: all v m if m == p, else
 // min((p - r - 1) 2 + (v - 1) p, v m); then alternate one forward, one backward while forwards
-// remain; then the remaining backwards. m must be a multiple of p (Megatron's rule; dtl::Error
-// with "multiple" otherwise) and v >= 1 ("v").
+// remain; then the remaining backwards. With v > 1, m must be a multiple of p (Megatron's rule;
+// dtl::Error with "multiple" otherwise); v = 1 takes any m >= 1. v >= 1 ("v").
 Schedule interleaved(int p, int64_t m, int v);
 
 // ---------------------------------------------------------------- Task 2: the simulator
@@ -113,7 +115,7 @@ struct SimResult {
 //   - a deadlock (no rank can start its next action): the message contains "deadlock" and
 //     names every stuck rank with its next action and the action it waits for ("rank 0 waits
 //     at B0 for B0 of virtual stage 1 on rank 1").
-// m is taken from the schedule (the number of forwards of chunk 0 on rank 0).
+// m is taken from the schedule: the largest micro-batch index in any rank's list, plus one.
 SimResult simulate(const Schedule& schedule, int v, const Costs& costs);
 
 // The bubble formula (Narayanan et al. 2021) for uniform costs and no p2p latency:

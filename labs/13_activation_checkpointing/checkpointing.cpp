@@ -61,9 +61,10 @@ torch::Tensor gpt_loss(GPT& model, const torch::Tensor& tokens, Policy policy) {
 
 ActivationMemory activation_memory(const GPTConfig& cfg, int64_t batch, int64_t seq,
                                    Policy policy) {
-  // TODO(lab13): Task 3. The header's formulas, after its checks. Before you type them, find
-  // each term in the forward code, and ask which tensors the last block holds at each of the
-  // three moments.
+  // TODO(lab13): Task 3. After the header's checks, the closed forms you derive from its list:
+  // find each listed tensor in the forward code (its shape), and ask which tensors the last
+  // block holds at each of the three moments. ActivationMemory.ClosedForm's comments give
+  // worked values to check your terms against.
   (void)cfg, (void)batch, (void)seq, (void)policy;
   DTL_UNIMPLEMENTED("lab 13: activation_memory (Task 3)");
 }

@@ -104,43 +104,39 @@ torch::Tensor gpt_loss(GPT& model, const torch::Tensor& tokens, Policy policy);
 // L = cfg.n_layer, e = 4 (float32), D = 1 when cfg.dropout > 0 else 0 (LibTorch's CPU dropout
 // multiplies by a float mask the size of its input and keeps that mask for backward).
 //
-// What one block keeps for backward, in two parts (lab 06's count, with dropout):
-//   A = e (B T (5 + D) d + (1 + 2D) B H T^2)   attention side: ln1's output, the contiguous
-//       copies of q, k and v, the attention output before proj, proj's dropout mask; the core:
-//       the softmax output and, with dropout, its mask and the dropped probabilities
-//   M = e B T ((3 + D) d + 2 f)                 MLP side: h, ln2's output, fc's output, GELU's
-//       output, the MLP's dropout mask, the block's output (the next block's input)
-//   layer(kNone) = A + M
-//   layer(kSelective) = A + M - e (1 + 2D) B H T^2   (the checkpoint keeps q, k and v: views of
-//                                                     the qkv output, as many bytes as the copies)
-//   layer(kFull) = e B T d                           (the block's input, counted as the previous
-//                                                     block's output, as in lab 06)
+// The contract is what a step holds; the closed forms are yours to derive (lab 06 counted the
+// same tensors without dropout; the public tests' comments give worked values to check them).
+// Exactly these tensors are counted, each e x its number of elements:
+//   one block, attention side: ln1's output, the contiguous copies of q, k and v, the attention
+//       output before proj, proj's dropout mask; the core: the softmax output per head and,
+//       with dropout, its mask and the dropped probabilities;
+//   one block, MLP side: h (the residual after attention), ln2's output, fc's output, GELU's
+//       output, the MLP's dropout mask, and the block's output (the next block's input);
+//   kSelective drops the core (the checkpoint keeps q, k and v instead: views of the qkv output,
+//       as many bytes as the copies); kFull keeps only each block's input, counted as the
+//       previous block's output.
 struct ActivationMemory {
-  // Live at the end of forward: e B T d (the embedding's output) + L layer(policy) + e B T d
-  // (ln_f's output) + e B T V (the loss's log-softmax).
+  // Live at the end of forward: the embedding's output, every block's share under the policy,
+  // ln_f's output and the loss's log-softmax [B T, V].
   int64_t saved = 0;
-  // The high-water mark of forward + backward: the largest of
-  //   saved + 2 e B T V                 backward starts: the gradients of the log-softmax and of
-  //                                     the logits, both [B T, V]
-  //   rest + live + e B T (f + 2 d)     the last block's MLP backward: live = layer(kNone) under
-  //                                     kFull (the block was just recomputed), else
-  //                                     layer(policy); plus the gradients of GELU's output and
-  //                                     input and a few [B, T, d] ones
-  //   rest + A + 2 e B H T^2            the last block's attention backward: its MLP side is
-  //                                     freed, its attention side is live (recomputed under
-  //                                     kSelective and kFull), plus the gradients of the
-  //                                     probabilities and of the scores
-  // where rest = saved - e B T V - e B T d - layer(policy) is what the loss, ln_f and the last
-  // block no longer hold by then.
+  // The high-water mark of forward + backward: the largest of three moments,
+  //   backward starts: saved plus the gradients of the log-softmax and of the logits;
+  //   the last block's MLP backward: what the loss, ln_f and the last block no longer hold is
+  //       gone; the last block holds everything it keeps without checkpointing when it was just
+  //       recomputed (kFull), else what it keeps under the policy; plus one [B, T, f] gradient
+  //       (GELU's) and two [B, T, d] ones;
+  //   the last block's attention backward: its MLP side is freed, its attention side is live
+  //       (recomputed under kSelective and kFull), plus the gradients of the probabilities and
+  //       of the scores.
   int64_t peak = 0;
 };
 // Errors: "batch" when batch < 1, "seq" unless 1 <= seq <= cfg.seq_len, cfg.validate()'s
 // message for an invalid cfg. Estimates: the tests allow 15% against the tracker.
 ActivationMemory activation_memory(const GPTConfig& cfg, int64_t batch, int64_t seq, Policy policy);
 
-// FLOPs the recomputation adds to one training step (2 per multiply-add, matmuls only):
-//   kNone 0; kSelective L x 4 B T^2 d (q k^T and P v again);
-//   kFull L x (2 B T (4 d^2 + 2 d f) + 4 B T^2 d) (the whole block's forward again).
+// FLOPs the recomputation adds to one training step (2 per multiply-add, matmuls only, every
+// head together): kNone 0; kSelective runs q k^T and P v of every block again; kFull every
+// block's forward matmuls again (qkv, q k^T, P v, proj, fc, the MLP's proj). Derive them.
 // A training step without recomputation is about 3 forwards (backward ~ 2 forwards), so kFull
 // adds about a third. Errors as activation_memory.
 double recompute_flops(const GPTConfig& cfg, int64_t batch, int64_t seq, Policy policy);

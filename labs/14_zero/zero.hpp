@@ -142,7 +142,12 @@ using dtl::unit_numels;
 //                 for parameters the call did not use), pad, reduce-scatter (mean over ranks)
 //                 and return the owned slice as the gradient of that unit's shard, (stage 3:
 //                 free the buffers). Autograd sums a unit's slices over calls into shard.grad.
-//       No parameter's .grad is ever set in stages 2 and 3.
+//       No parameter's .grad is ever set in stages 2 and 3: right after backward only the
+//       shards have gradients, and no full gradient is held anywhere once backward returns.
+//   Under torch::NoGradGuard (an evaluation), loss() returns the same value and keeps no graph
+//   and nothing gathered: once it returns, the rank holds what it held before.
+//   zero_grad() may run between loss() and backward() (it drops gradients, not graphs); the
+//   backward that follows is unchanged.
 //
 // step(): stage 1: per unit, reduce-scatter the flattened .grad (mean over ranks) into the
 //   shard's gradient; then (every stage) AdamW steps the shards; stages 1 and 2 all-gather

@@ -94,10 +94,12 @@ using Key = std::tuple<int, int64_t, int>;  // (kind, micro, virtual stage)
 int64_t check_schedule(const Schedule& schedule, int v) {
   DTL_CHECK(!schedule.empty(), "pipeline schedule: no ranks");
   DTL_CHECK(v >= 1, fmt::format("pipeline schedule: v={} must be >= 1", v));
+  // m: the largest micro-batch index of any rank, plus one (a missing or extra action on one
+  // rank then shows as exactly that, not as every other action being out of range).
   int64_t m = 0;
-  for (const Action& a : schedule[0])
-    if (a.kind == Action::Forward && a.chunk == 0) ++m;
-  DTL_CHECK(m >= 1, "pipeline schedule: rank 0 runs no forward of chunk 0");
+  for (const auto& actions : schedule)
+    for (const Action& a : actions) m = std::max(m, a.micro + 1);
+  DTL_CHECK(m >= 1, "pipeline schedule: no action");
   for (size_t r = 0; r < schedule.size(); ++r) {
     std::map<std::tuple<int, int64_t, int>, int> seen;
     for (const Action& a : schedule[r]) {

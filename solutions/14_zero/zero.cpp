@@ -37,11 +37,14 @@ ModelStateBytes model_state_bytes(int stage, const std::vector<int64_t>& unit_nu
 namespace {
 
 // One call of unit_calls(): what its autograd node needs in backward.
-struct Call {
+// The autograd node owns it (through ctx->saved_data), so it lives exactly as long as the
+// backward that needs it may still run, whatever step() or zero_grad() do in between.
+struct Call : torch::CustomClassHolder {
   std::vector<int64_t> units;
   std::function<torch::Tensor(const torch::Tensor&)> fn;
-  torch::Tensor input;   // the detached input the call's own graph starts from
-  torch::Tensor output;  // the call's output, with that graph
+  bool build_graph = true;  // grad mode at loss(): under NoGradGuard, no graph is kept
+  torch::Tensor input;      // the detached input the call's own graph starts from
+  torch::Tensor output;     // the call's output, with that graph
 };
 
 }  // namespace
@@ -61,7 +64,6 @@ struct Sharded {
   std::vector<torch::Tensor> full;   // world * S_u: the unit's parameters, then padding
   std::vector<torch::Tensor> shards;
   std::unique_ptr<torch::optim::AdamW> adam;
-  std::vector<std::shared_ptr<Call>> live;  // calls whose backward may still run
 
   // Stage 3: the unit's full buffer back in memory, filled from every rank's shard.
   void gather(int64_t u) {
@@ -96,16 +98,16 @@ struct Sharded {
 // gradients and hands autograd the owned slices as the shards' gradients.
 struct UnitCall : public torch::autograd::Function<UnitCall> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               at::TensorList shards, int64_t call_address, int64_t state_address) {
+                               at::TensorList shards, const c10::intrusive_ptr<Call>& call,
+                               int64_t state_address) {
     (void)shards;  // inputs only so that autograd routes their gradients
-    auto* call = reinterpret_cast<Call*>(call_address);
     auto* s = reinterpret_cast<Sharded*>(state_address);
-    ctx->saved_data["call"] = call_address;
+    ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     ctx->saved_data["state"] = state_address;
     if (s->stage == 3)
       for (int64_t u : call->units) s->gather(u);
     {
-      torch::AutoGradMode grad_on(true);
+      torch::AutoGradMode grad_on(call->build_graph);
       call->input = x.is_floating_point() ? x.detach().requires_grad_(x.requires_grad()) : x;
       call->output = call->fn(call->input);
     }
@@ -116,7 +118,7 @@ struct UnitCall : public torch::autograd::Function<UnitCall> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto* call = reinterpret_cast<Call*>(ctx->saved_data["call"].toInt());
+    auto* call = static_cast<Call*>(ctx->saved_data["call"].toCapsule().get());
     auto* s = reinterpret_cast<Sharded*>(ctx->saved_data["state"].toInt());
     if (s->stage == 3)
       for (int64_t u : call->units) s->gather(u);
@@ -141,7 +143,7 @@ struct UnitCall : public torch::autograd::Function<UnitCall> {
       k += s->params[u].size();
       out.push_back(s->reduce_scatter_mean(u, s->flatten(u, unit_grads)));
     }
-    out.push_back(torch::Tensor());  // call_address
+    out.push_back(torch::Tensor());  // call
     out.push_back(torch::Tensor());  // state_address
     return out;
   }
@@ -218,8 +220,9 @@ torch::Tensor ZeroOptimizer::loss(const torch::Tensor& tokens) {
   std::shared_ptr<model::GPTImpl> model = s.model.ptr();  // the calls run after loss() returns
   torch::Tensor x = tokens.narrow(1, 0, T);
   for (size_t c = 0; c < s.calls.size(); ++c) {
-    auto call = std::make_shared<Call>();
+    auto call = c10::make_intrusive<Call>();
     call->units = s.calls[c];
+    call->build_graph = torch::GradMode::is_enabled();
     if (c == 0) {
       call->fn = [model](const torch::Tensor& idx) { return model->embed(idx); };
     } else if (static_cast<int64_t>(c) <= L) {
@@ -231,9 +234,8 @@ torch::Tensor ZeroOptimizer::loss(const torch::Tensor& tokens) {
     }
     std::vector<torch::Tensor> shards;
     for (int64_t u : call->units) shards.push_back(s.shards[u]);
-    x = UnitCall::apply(x, at::TensorList(shards), reinterpret_cast<int64_t>(call.get()),
+    x = UnitCall::apply(x, at::TensorList(shards), call,
                         reinterpret_cast<int64_t>(static_cast<Sharded*>(&s)));
-    s.live.push_back(std::move(call));
   }
   return model::lm_loss(x, tokens.narrow(1, 1, T));
 }
@@ -255,7 +257,6 @@ void ZeroOptimizer::step() {
   if (s.stage < 3)
     for (size_t u = 0; u < s.units.size(); ++u)  // input: a copy, it must not alias the output
       s.comm->all_gather(s.full[u], s.shards[u].detach().clone());
-  s.live.clear();
 }
 
 void ZeroOptimizer::zero_grad() {
@@ -265,7 +266,6 @@ void ZeroOptimizer::zero_grad() {
   } else {
     for (auto& shard : s.shards) shard.mutable_grad().reset();
   }
-  s.live.clear();
 }
 
 void ZeroOptimizer::set_lr(double lr) { dtl::set_lr(*s_->adam, lr); }

@@ -25,45 +25,49 @@ using ::testing::HasSubstr;
 // ---------------------------------------------------------------- Task 1
 
 // f: identity forward, no communication; backward sums the ranks' gradients.
-TEST(CopyToTP, IdentityForwardAllReduceBackward) {
-  auto comm = fresh_comm();
-  const int n = comm->size(), r = comm->rank();
+void expect_copy_to_tp(Comm& comm) {
+  const int n = comm.size(), r = comm.rank();
   const torch::Tensor x = same_input({3, 5}, 1).requires_grad_(true);
-  const auto before = comm->stats();
-  const torch::Tensor y = copy_to_tp(x, *comm);
-  EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 0) << "forward must not communicate";
+  const auto before = comm.stats();
+  const torch::Tensor y = copy_to_tp(x, comm);
+  EXPECT_EQ(count_since(before, comm, OpType::AllReduce), 0) << "forward must not communicate";
   DTL_EXPECT_EQUAL(y, x);
   EXPECT_NE(y.data_ptr(), x.data_ptr()) << "a new tensor, not the input itself";
   // Rank r weighs the output by (r + 1): dL/dx = sum over ranks of (r + 1) = n (n + 1) / 2.
   (y * static_cast<double>(r + 1)).sum().backward();
-  EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), n > 1 ? 1 : 0)
+  EXPECT_EQ(count_since(before, comm, OpType::AllReduce), n > 1 ? 1 : 0)
       << "one all-reduce in backward (none at tp 1)";
   DTL_EXPECT_CLOSE(x.grad(), torch::full({3, 5}, n * (n + 1) / 2.0, device_options()));
 }
 
+TEST(CopyToTP, IdentityForwardAllReduceBackward) { expect_copy_to_tp(*fresh_comm()); }
+// The tp group is the Comm passed in, not the world: here two groups run side by side.
+TEST(CopyToTP, UsesOnlyItsGroup) { expect_copy_to_tp(*half_group()); }
+
 // g: sum forward; backward passes the gradient through untouched, no communication.
-TEST(ReduceFromTP, AllReduceForwardIdentityBackward) {
-  auto comm = fresh_comm();
-  const int n = comm->size(), r = comm->rank();
+void expect_reduce_from_tp(Comm& comm) {
+  const int n = comm.size(), r = comm.rank();
   const torch::Tensor x = torch::full({4, 2}, static_cast<float>(r + 1), device_options())
                               .requires_grad_(true);
-  const torch::Tensor y = reduce_from_tp(x, *comm);
+  const torch::Tensor y = reduce_from_tp(x, comm);
   DTL_EXPECT_CLOSE(y, torch::full({4, 2}, n * (n + 1) / 2.0, device_options()));
   DTL_EXPECT_EQUAL(x, torch::full({4, 2}, static_cast<float>(r + 1), device_options()))
       << "the input must stay as it was";
-  const auto before = comm->stats();
+  const auto before = comm.stats();
   const torch::Tensor w = rank_input({4, 2});
   (y * w).sum().backward();
-  EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 0) << "backward must not communicate";
+  EXPECT_EQ(count_since(before, comm, OpType::AllReduce), 0) << "backward must not communicate";
   DTL_EXPECT_CLOSE(x.grad(), w);
 }
 
+TEST(ReduceFromTP, AllReduceForwardIdentityBackward) { expect_reduce_from_tp(*fresh_comm()); }
+TEST(ReduceFromTP, UsesOnlyItsGroup) { expect_reduce_from_tp(*half_group()); }
+
 // Keep my slice of the last dimension; backward reassembles the full gradient on every rank.
-TEST(ScatterToTP, KeepsTheSliceAndGathersTheGradient) {
-  auto comm = fresh_comm();
-  const int n = comm->size(), r = comm->rank();
+void expect_scatter_to_tp(Comm& comm) {
+  const int n = comm.size(), r = comm.rank();
   const torch::Tensor x = same_input({2, 3, 4 * n}, 2).requires_grad_(true);
-  const torch::Tensor y = scatter_to_tp(x, *comm);
+  const torch::Tensor y = scatter_to_tp(x, comm);
   ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
   DTL_EXPECT_EQUAL(y, x.narrow(-1, 4 * r, 4));
   // Rank q's output gradient is all (q + 1): the input gradient is block q = q + 1.
@@ -74,16 +78,18 @@ TEST(ScatterToTP, KeepsTheSliceAndGathersTheGradient) {
   DTL_EXPECT_EQUAL(x.grad(), torch::cat(blocks, -1));
 }
 
+TEST(ScatterToTP, KeepsTheSliceAndGathersTheGradient) { expect_scatter_to_tp(*fresh_comm()); }
+TEST(ScatterToTP, UsesOnlyItsGroup) { expect_scatter_to_tp(*half_group()); }
+
 // Gather along the last dimension in rank order; backward keeps my slice.
-TEST(GatherFromTP, ConcatenatesInRankOrderAndSlicesTheGradient) {
-  auto comm = fresh_comm();
-  const int n = comm->size(), r = comm->rank();
+void expect_gather_from_tp(Comm& comm) {
+  const int n = comm.size(), r = comm.rank();
   // Rank q contributes [3, 2] filled with 10 q + column index.
   auto piece = [&](int q) {
     return (torch::arange(2, device_options()) + 10.0 * q).expand({3, 2}).contiguous();
   };
   const torch::Tensor x = piece(r).requires_grad_(true);
-  const torch::Tensor y = gather_from_tp(x, *comm);
+  const torch::Tensor y = gather_from_tp(x, comm);
   std::vector<torch::Tensor> all;
   for (int q = 0; q < n; ++q) all.push_back(piece(q));
   DTL_EXPECT_EQUAL(y, torch::cat(all, -1));
@@ -91,6 +97,11 @@ TEST(GatherFromTP, ConcatenatesInRankOrderAndSlicesTheGradient) {
   y.backward(g);
   DTL_EXPECT_EQUAL(x.grad(), g.narrow(-1, 2 * r, 2));
 }
+
+TEST(GatherFromTP, ConcatenatesInRankOrderAndSlicesTheGradient) {
+  expect_gather_from_tp(*fresh_comm());
+}
+TEST(GatherFromTP, UsesOnlyItsGroup) { expect_gather_from_tp(*half_group()); }
 
 TEST(ScatterToTP, RejectsALastDimensionTpDoesNotDivide) {
   auto comm = fresh_comm();
@@ -105,11 +116,10 @@ TEST(ScatterToTP, RejectsALastDimensionTpDoesNotDivide) {
 
 // Column parallel against the serial Linear: output (gathered or this rank's slice), input
 // gradient, and the weight and bias gradients as this rank's rows.
-void expect_column_matches_serial(bool gather_output, bool bias) {
-  auto comm = fresh_comm();
-  const Range rows = mine(kOut, *comm);
+void expect_column_matches_serial(bool gather_output, bool bias, Comm& comm) {
+  const Range rows = mine(kOut, comm);
   torch::nn::Linear serial = serial_linear(kIn, kOut, bias, 10);
-  ColumnParallelLinear col(serial->weight, bias ? serial->bias : torch::Tensor(), *comm,
+  ColumnParallelLinear col(serial->weight, bias ? serial->bias : torch::Tensor(), comm,
                            gather_output);
   EXPECT_EQ(col->weight.sizes().vec(), (std::vector<int64_t>{rows.size(), kIn}));
   EXPECT_EQ(col->named_parameters().size(), bias ? 2u : 1u);
@@ -134,16 +144,23 @@ void expect_column_matches_serial(bool gather_output, bool bias) {
   }
 }
 
-TEST(ColumnParallelLinear, SplitOutputMatchesTheSerialSlice) { expect_column_matches_serial(false, true); }
-TEST(ColumnParallelLinear, GatheredOutputMatchesSerial) { expect_column_matches_serial(true, true); }
-TEST(ColumnParallelLinear, WithoutBias) { expect_column_matches_serial(false, false); }
+TEST(ColumnParallelLinear, SplitOutputMatchesTheSerialSlice) {
+  expect_column_matches_serial(false, true, *fresh_comm());
+}
+TEST(ColumnParallelLinear, GatheredOutputMatchesSerial) {
+  expect_column_matches_serial(true, true, *fresh_comm());
+}
+TEST(ColumnParallelLinear, WithoutBias) { expect_column_matches_serial(false, false, *fresh_comm()); }
+// Sliced by the group's rank, gathered over the group: never dtl::world().
+TEST(ColumnParallelLinear, UsesOnlyItsGroup) {
+  expect_column_matches_serial(true, true, *half_group());
+}
 
 // Row parallel against the serial Linear: the output is the full serial output on every rank.
-void expect_row_matches_serial(bool input_is_parallel, bool bias) {
-  auto comm = fresh_comm();
-  const Range cols = mine(kIn, *comm);
+void expect_row_matches_serial(bool input_is_parallel, bool bias, Comm& comm) {
+  const Range cols = mine(kIn, comm);
   torch::nn::Linear serial = serial_linear(kIn, kOut, bias, 20);
-  RowParallelLinear row(serial->weight, bias ? serial->bias : torch::Tensor(), *comm,
+  RowParallelLinear row(serial->weight, bias ? serial->bias : torch::Tensor(), comm,
                         input_is_parallel);
   EXPECT_EQ(row->weight.sizes().vec(), (std::vector<int64_t>{kOut, cols.size()}));
 
@@ -166,9 +183,14 @@ void expect_row_matches_serial(bool input_is_parallel, bool bias) {
   }
 }
 
-TEST(RowParallelLinear, ParallelInputMatchesSerial) { expect_row_matches_serial(true, true); }
-TEST(RowParallelLinear, FullInputMatchesSerial) { expect_row_matches_serial(false, true); }
-TEST(RowParallelLinear, WithoutBias) { expect_row_matches_serial(true, false); }
+TEST(RowParallelLinear, ParallelInputMatchesSerial) {
+  expect_row_matches_serial(true, true, *fresh_comm());
+}
+TEST(RowParallelLinear, FullInputMatchesSerial) {
+  expect_row_matches_serial(false, true, *fresh_comm());
+}
+TEST(RowParallelLinear, WithoutBias) { expect_row_matches_serial(true, false, *fresh_comm()); }
+TEST(RowParallelLinear, UsesOnlyItsGroup) { expect_row_matches_serial(false, true, *half_group()); }
 
 TEST(ParallelLinear, RejectSizesTpDoesNotDivideAndWrongInputs) {
   auto comm = fresh_comm();
@@ -219,6 +241,8 @@ TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
   const auto before = comm->stats();
   const torch::Tensor yp = tp(xp);
   const int64_t forward_reduces = count_since(before, *comm, OpType::AllReduce);
+  const int64_t forward_bytes =
+      comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes;
   const torch::Tensor ys = serial(xs);
   DTL_EXPECT_CLOSE(yp, ys);
   const torch::Tensor w = same_input({2, 4, kIn}, 41);
@@ -229,6 +253,14 @@ TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
     EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 2)
         << "backward: only the all-reduce of x's gradient (fc's copy_to_tp)";
     EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "") << "no other communication";
+    // What is summed: the output [2, 4, d] forward and x's gradient backward, never weights
+    // (all-reducing zero-padded weight shards and computing the whole MLP locally has the same
+    // count).
+    const int64_t activation_bytes = x.numel() * 4;
+    EXPECT_EQ(forward_bytes, activation_bytes) << "forward: one [2, 4, d] float32 all-reduce";
+    EXPECT_EQ(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
+              2 * activation_bytes)
+        << "backward: one [2, 4, d] float32 all-reduce";
   }
   DTL_EXPECT_CLOSE(xp.grad(), xs.grad());
   DTL_EXPECT_CLOSE(tp->fc->weight.grad(),

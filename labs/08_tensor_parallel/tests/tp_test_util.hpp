@@ -50,6 +50,13 @@ inline torch::Tensor same_input(at::IntArrayRef shape, uint64_t seed) {
 // This rank's random tensor (torch's RNG is seeded with seed + rank, so ranks differ).
 inline torch::Tensor rank_input(at::IntArrayRef shape) { return torch::randn(shape).to(device()); }
 
+// Two tp groups side by side: even and odd world ranks (sizes 1 at world 1 and 2, 2 and 1 at
+// world 3, 2 and 2 at world 4). Code that uses dtl::world() where it should use the Comm it was
+// given communicates with the wrong ranks (or slices by the wrong rank) here.
+inline std::shared_ptr<Comm> half_group() {
+  return dtl::world().split(dtl::world().rank() % 2, dtl::world().rank());
+}
+
 // The features this rank owns out of `size` over `comm`.
 inline Range mine(int64_t size, const Comm& comm) {
   return dtl::lab08::shard_of(size, comm.size(), comm.rank(), "size");

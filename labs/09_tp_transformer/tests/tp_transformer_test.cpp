@@ -33,14 +33,13 @@ ParallelAttention parallel_attention_of(const dtl::model::CausalSelfAttentionImp
 
 // Heads split over tp: output, input gradient and every weight gradient equal the serial
 // attention's (or its shard).
-TEST(ParallelAttention, EqualsTheSerialAttention) {
-  auto comm = fresh_comm();
+void expect_attention_equals_serial(Comm& comm) {
   const GPTConfig cfg = config();
   GPT serial = serial_gpt(cfg);
   auto s = serial->block(0)->attn;
-  ParallelAttention attn = parallel_attention_of(*s, cfg, *comm);
-  EXPECT_EQ(attn->local_heads, cfg.n_head / comm->size());
-  expect_shards_of_serial(*attn, *s, cfg, comm->size(), comm->rank(), /*grads=*/false,
+  ParallelAttention attn = parallel_attention_of(*s, cfg, comm);
+  EXPECT_EQ(attn->local_heads, cfg.n_head / comm.size());
+  expect_shards_of_serial(*attn, *s, cfg, comm.size(), comm.rank(), /*grads=*/false,
                           "blocks.0.attn.");
 
   const torch::Tensor x = same_input({B, T, cfg.d_model}, 3).requires_grad_(true);
@@ -52,9 +51,13 @@ TEST(ParallelAttention, EqualsTheSerialAttention) {
   (y * w).sum().backward();
   (ys * w).sum().backward();
   DTL_EXPECT_CLOSE(x.grad(), xs.grad(), 1e-4, 1e-5) << "the input gradient, summed over tp";
-  expect_shards_of_serial(*attn, *s, cfg, comm->size(), comm->rank(), /*grads=*/true,
+  expect_shards_of_serial(*attn, *s, cfg, comm.size(), comm.rank(), /*grads=*/true,
                           "blocks.0.attn.");
 }
+
+TEST(ParallelAttention, EqualsTheSerialAttention) { expect_attention_equals_serial(*fresh_comm()); }
+// The tp group is the Comm passed in, never dtl::world(): two groups side by side.
+TEST(ParallelAttention, UsesOnlyItsGroup) { expect_attention_equals_serial(*half_group()); }
 
 // Megatron's count: the row-parallel proj's all-reduce forward, the column-parallel qkv's input
 // gradient backward, nothing else.
@@ -91,15 +94,14 @@ TEST(ParallelAttention, RejectsHeadsTpDoesNotDivide) {
 // ---------------------------------------------------------------- Task 2
 
 // Every token's row arrives on every rank; the table's gradient lands in the owner's rows.
-TEST(VocabParallelEmbedding, EqualsTheSerialLookup) {
-  auto comm = fresh_comm();
+void expect_embedding_equals_serial(Comm& comm) {
   const int64_t V = 96, d = 48;
   const torch::Tensor full = same_input({V, d}, 5);
-  VocabParallelEmbedding emb(full, *comm);
-  const Range r = mine(V, *comm);
+  VocabParallelEmbedding emb(full, comm);
+  const Range r = mine(V, comm);
   EXPECT_EQ(emb->vocab_begin, r.begin);
   EXPECT_EQ(emb->vocab_end, r.end);
-  ASSERT_EQ(emb->weight.sizes().vec(), (std::vector<int64_t>{V / comm->size(), d}));
+  ASSERT_EQ(emb->weight.sizes().vec(), (std::vector<int64_t>{V / comm.size(), d}));
 
   // Ids of every rank's range, some repeated.
   const torch::Tensor idx = same_tokens(3, 40, V, 6);
@@ -115,6 +117,9 @@ TEST(VocabParallelEmbedding, EqualsTheSerialLookup) {
   (expected * w).sum().backward();
   DTL_EXPECT_CLOSE(emb->weight.grad(), table.grad().narrow(0, r.begin, r.size()));
 }
+
+TEST(VocabParallelEmbedding, EqualsTheSerialLookup) { expect_embedding_equals_serial(*fresh_comm()); }
+TEST(VocabParallelEmbedding, UsesOnlyItsGroup) { expect_embedding_equals_serial(*half_group()); }
 
 // reduce_from_tp's count: one all-reduce forward, none backward.
 TEST(VocabParallelEmbedding, OneAllReduceForwardNoneBackward) {
@@ -157,24 +162,32 @@ TEST(VocabParallelEmbedding, RejectsBadIdsAndVocabularies) {
 // ---------------------------------------------------------------- Task 3
 
 // The loss of the full logits and the gradient of this rank's columns, from the columns alone.
-TEST(VocabParallelCrossEntropy, EqualsTheSerialCrossEntropy) {
-  auto comm = fresh_comm();
+// The loss is scaled before backward (as a loss scale or 1/m would): its gradient must carry
+// the upstream gradient, not assume it is 1.
+void expect_cross_entropy_equals_serial(Comm& comm) {
   const int64_t V = 96;
-  const Range r = mine(V, *comm);
+  const Range r = mine(V, comm);
   const torch::Tensor full = (same_input({B, T, V}, 8) * 3).requires_grad_(true);
   const torch::Tensor local =
       full.detach().narrow(-1, r.begin, r.size()).clone().requires_grad_(true);
   const torch::Tensor targets = same_tokens(B, T, V, 9);
 
-  const torch::Tensor loss = vocab_parallel_cross_entropy(local, targets, *comm);
+  const torch::Tensor loss = vocab_parallel_cross_entropy(local, targets, comm);
   const torch::Tensor expected =
       torch::nn::functional::cross_entropy(full.view({-1, V}), targets.view({-1}));
   ASSERT_EQ(loss.dim(), 0) << "a scalar";
   DTL_EXPECT_CLOSE(loss, expected);
   DTL_EXPECT_SAME_ON_ALL_RANKS(loss.detach());
-  loss.backward();
-  expected.backward();
+  (loss * 2.5).backward();
+  (expected * 2.5).backward();
   DTL_EXPECT_CLOSE(local.grad(), full.grad().narrow(-1, r.begin, r.size()));
+}
+
+TEST(VocabParallelCrossEntropy, EqualsTheSerialCrossEntropy) {
+  expect_cross_entropy_equals_serial(*fresh_comm());
+}
+TEST(VocabParallelCrossEntropy, UsesOnlyItsGroup) {
+  expect_cross_entropy_equals_serial(*half_group());
 }
 
 // Per-token numbers cross the wire, never logits: at most three all-reduces of N values forward,
@@ -263,6 +276,10 @@ TEST(TensorParallelGPT, TiedHeadEqualsSerial) {
 
 TEST(TensorParallelGPT, UntiedHeadWithoutBiasesEqualsSerial) {
   expect_model_equals_serial<TensorParallelGPT>(config(2, /*tied=*/false, /*bias=*/false), B, T);
+}
+
+TEST(TensorParallelGPT, UsesOnlyItsGroup) {
+  expect_model_equals_serial<TensorParallelGPT>(config(1, /*tied=*/true), B, T, {}, *half_group());
 }
 
 // Megatron's count for L blocks: 2L + 1 all-reduces of [B, T, d] forward (embedding, two per

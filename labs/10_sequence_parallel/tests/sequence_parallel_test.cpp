@@ -32,7 +32,7 @@ TEST(ScatterToSP, KeepsMyChunkAndGathersTheGradient) {
   const torch::Tensor x = same_input({B, T, 5}, 1).requires_grad_(true);
   auto before = comm->stats();
   const torch::Tensor y = scatter_to_sp(x, *comm);
-  EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "") << "forward communicates nothing";
+  EXPECT_EQ(comm->stats().total_count(), before.total_count()) << "forward communicates nothing";
   DTL_EXPECT_EQUAL(y, sequence_chunk(x.detach(), 1, *comm));
   // Rank q's gradient is q + 1 everywhere: x's gradient is chunk q = q + 1.
   y.backward(torch::full(y.sizes(), static_cast<float>(r + 1), device_options()));
@@ -203,6 +203,13 @@ TEST(SequenceParallelGPT, TiedHeadEqualsSerialAfterTheGradSync) {
   expect_sp_gpt_equals_serial(sp_config());
 }
 
+// The tp group is the Comm passed in, never dtl::world(): two groups side by side.
+TEST(SequenceParallelGPT, UsesOnlyItsGroup) {
+  expect_model_equals_serial<SequenceParallelGPT>(
+      sp_config(1), B, T, [](torch::nn::Module& m, Comm& tp) { sync_sequence_parallel_grads(m, tp); },
+      *half_group());
+}
+
 TEST(SequenceParallelGPT, UntiedHeadWithoutBiasesEqualsSerial) {
   expect_sp_gpt_equals_serial(sp_config(2, /*tied=*/false, /*bias=*/false));
 }
@@ -236,6 +243,40 @@ TEST(SequenceParallelGPT, GradSyncIsOneAllReduce) {
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
 }
 
+// The model's collectives, counted: forward reduce-scatters the embedding (not an all-reduce
+// then a slice) and runs 2 all-gathers + 2 reduce-scatters per block and one all-gather before
+// the head; backward the mirror image. Only the loss's per-token numbers are all-reduced, and
+// the wire bytes equal lab 09's TensorParallelGPT's on the same batch.
+TEST(SequenceParallelGPT, CollectivesOfLab09sWireBytes) {
+  auto comm = fresh_comm();
+  const int n = comm->size();
+  const GPTConfig cfg = sp_config();
+  const int64_t L = cfg.n_layer, N = B * T;
+  GPT serial = serial_gpt(cfg);
+  SequenceParallelGPT sp(*serial, *comm);
+  dtl::lab09::TensorParallelGPT tp(*serial, *comm);
+  const torch::Tensor tokens = same_tokens(B, T + 1, cfg.vocab_size, 15);
+
+  auto before = comm->stats();
+  const torch::Tensor loss = sp->loss(tokens);
+  EXPECT_EQ(count_since(before, *comm, OpType::ReduceScatter), n > 1 ? 2 * L + 1 : 0)
+      << "forward: the embedding's and two per block";
+  EXPECT_EQ(count_since(before, *comm, OpType::AllGather), n > 1 ? 2 * L + 1 : 0)
+      << "forward: two per block and the head's input";
+  EXPECT_LE(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes, 3 * N * 4)
+      << "forward all-reduces per-token loss numbers only";
+  const double sp_forward = wire_since(before, *comm);
+  loss.backward();
+  const double sp_wire = wire_since(before, *comm);
+
+  before = comm->stats();
+  const torch::Tensor tp_loss = tp->loss(tokens);
+  const double tp_forward = wire_since(before, *comm);
+  tp_loss.backward();
+  EXPECT_DOUBLE_EQ(sp_forward, tp_forward) << "forward, lab 09's model on the same batch";
+  EXPECT_DOUBLE_EQ(sp_wire, wire_since(before, *comm)) << "forward + backward";
+}
+
 TEST(SequenceParallelGPT, RejectsSequencesTpDoesNotDivide) {
   auto comm = fresh_comm();
   if (comm->size() == 1) GTEST_SKIP() << "every length divides over tp = 1";
@@ -256,8 +297,8 @@ FullQKV full_qkv(int64_t b, int64_t h, int64_t t, int64_t dh, uint64_t seed) {
           same_input({b, h, t, dh}, seed + 2)};
 }
 
-TEST(RingAttention, EqualsFullCausalAttention) {
-  auto comm = fresh_comm();
+void expect_ring_equals_full_attention(Comm& cp) {
+  Comm* comm = &cp;
   const int64_t tc = 5, t = tc * comm->size();
   FullQKV f = full_qkv(2, 3, t, 8, 20);
   for (auto* x : {&f.q, &f.k, &f.v}) x->requires_grad_(true);
@@ -276,6 +317,10 @@ TEST(RingAttention, EqualsFullCausalAttention) {
   DTL_EXPECT_CLOSE(vc.grad(), sequence_chunk(f.v.grad(), 2, *comm), 1e-4, 1e-5) << "dv";
 }
 
+TEST(RingAttention, EqualsFullCausalAttention) { expect_ring_equals_full_attention(*fresh_comm()); }
+// The ring is the cp Comm passed in, never dtl::world(): two cp groups side by side.
+TEST(RingAttention, UsesOnlyItsGroup) { expect_ring_equals_full_attention(*half_group()); }
+
 TEST(RingAttention, SendsExactlyTheFormula) {
   auto comm = fresh_comm();
   const int64_t b = 2, h = 2, tc = 4, dh = 8;
@@ -293,6 +338,46 @@ TEST(RingAttention, SendsExactlyTheFormula) {
   EXPECT_EQ(comm->stats()[OpType::SendRecv].bytes - before[OpType::SendRecv].bytes,
             formula.backward);
   EXPECT_EQ(others_since(before, *comm, OpType::SendRecv), "") << "backward";
+}
+
+// The ring's direction: every sendrecv goes to rank r + 1 (and receives from r - 1), forward and
+// backward (the chunk of rank r - i arrives at step i). Indistinguishable at cp <= 2.
+TEST(RingAttention, SendsToTheNextRank) {
+  auto comm = fresh_comm();
+  const int n = comm->size();
+  const torch::Tensor q = same_input({1, 2, 3, 4}, 30).requires_grad_(true);
+  const torch::Tensor k = same_input({1, 2, 3, 4}, 31).requires_grad_(true);
+  const torch::Tensor v = same_input({1, 2, 3, 4}, 32).requires_grad_(true);
+  ring_attention(q, k, v, *comm).sum().backward();
+  int sendrecvs = 0;
+  for (const dtl::OpRecord& op : comm->recent_ops()) {
+    if (op.op != OpType::SendRecv) continue;
+    ++sendrecvs;
+    EXPECT_EQ(op.peer, (comm->rank() + 1) % n) << op.describe();
+  }
+  EXPECT_EQ(sendrecvs, n > 1 ? 2 * n - 1 : 0) << "cp - 1 forward, cp backward";
+}
+
+// Forward keeps the output and per-query statistics, never the score blocks: with Tc = 4 Dh,
+// one [Tc, Tc] block of scores is as large as four chunks of q. (CPU: the tracker.)
+TEST(RingAttention, KeepsNoScoreBlocksForBackward) {
+  if (!dtl::Runtime::get().device().is_cpu()) GTEST_SKIP() << "the tracker counts CPU memory";
+  auto comm = fresh_comm();
+  dtl::memory::install();
+  const int64_t b = 2, h = 2, tc = 32, dh = 8;
+  const torch::Tensor q = same_input({b, h, tc, dh}, 33).requires_grad_(true);
+  const torch::Tensor k = same_input({b, h, tc, dh}, 34).requires_grad_(true);
+  const torch::Tensor v = same_input({b, h, tc, dh}, 35).requires_grad_(true);
+  const int64_t chunk = b * h * tc * dh * 4;
+  ring_attention(q, k, v, *comm).sum().backward();  // warm up: the Comm's staging buffers
+  const auto before = static_cast<int64_t>(dtl::memory::current_bytes());
+  const torch::Tensor out = ring_attention(q, k, v, *comm);
+  comm->barrier();  // the Comm's worker lets go of the last transfer's buffers
+  const auto kept = static_cast<int64_t>(dtl::memory::current_bytes()) - before;
+  EXPECT_LE(kept, 2 * chunk) << "kept after forward: " << kept << " B; the output is " << chunk
+                             << " B, one score block " << 4 * chunk << " B";
+  out.sum().backward();  // and backward still works from what was kept
+  EXPECT_TRUE(q.grad().defined());
 }
 
 TEST(RingAttention, RejectsMismatchedShapes) {

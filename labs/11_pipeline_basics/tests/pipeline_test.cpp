@@ -167,6 +167,21 @@ TEST(FillDrain, MatchesSerialTrainingWithAdamW) {
     }
 }
 
+// SGD's step is the gradient itself: a loss not scaled by 1/m (or scaled twice) moves the
+// parameters m times too far. AdamW with a small eps divides such a factor out.
+TEST(FillDrain, MatchesSerialTrainingWithSgd) {
+  GPTConfig cfg = tiny4();
+  cfg.tied_head = false;
+  auto sgd = [](torch::nn::Module& m) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.5));
+  };
+  expect_training_matches_serial(cfg, 8, 4, 2, even_parts(cfg, dtl::world().size()), sgd, 1e-4,
+                                 1e-6);
+  cfg.tied_head = true;  // the tied embedding's two halves, summed
+  expect_training_matches_serial(cfg, 8, 2, 2, even_parts(cfg, dtl::world().size()), sgd, 1e-4,
+                                 1e-6);
+}
+
 TEST(FillDrain, MatchesSerialWithTheCostBalancedPartition) {
   const GPTConfig cfg = tiny4();
   const auto parts = partition(unit_costs(cfg), dtl::world().size());

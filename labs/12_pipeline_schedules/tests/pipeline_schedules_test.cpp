@@ -89,8 +89,15 @@ TEST(Simulate, BubbleEqualsTheFormula) {
         EXPECT_NEAR(simulate(interleaved(p, m, v), v, costs).bubble, bubble_formula(p, m, v), 1e-12)
             << "interleaved p=" << p << " m=" << m << " v=" << v;
     }
-  // Makespan, in whole-stage units: (m + p - 1)(f + b) for GPipe.
+  // Makespan, in whole-stage units: (m + p - 1)(f + b) for GPipe and 1F1B; (v m + p - 1)(f + b)
+  // / v interleaved (a chunk's forward costs f / v: the bubble alone cannot tell, it is the
+  // same ratio when every action costs v times too much).
   EXPECT_NEAR(simulate(gpipe(4, 8), 1, costs).makespan, 11 * 3.0, 1e-12);
+  EXPECT_NEAR(simulate(one_f_one_b(4, 8), 1, costs).makespan, 11 * 3.0, 1e-12);
+  EXPECT_NEAR(simulate(interleaved(4, 8, 2), 2, costs).makespan, 19 * 3.0 / 2, 1e-12);
+  EXPECT_NEAR(simulate(interleaved(2, 4, 4), 4, costs).makespan, 17 * 3.0 / 4, 1e-12);
+  EXPECT_NEAR(simulate(interleaved(4, 8, 2), 2, costs).busy[0], 8 * 3.0, 1e-12)
+      << "a rank's busy time is m (f + b) whatever v";
 }
 
 TEST(Simulate, InFlightActivations) {
@@ -112,14 +119,17 @@ TEST(Simulate, InFlightActivations) {
     }
 }
 
-// Latency on each hop: GPipe pays it 2 (p - 1) times (fill and drain); 1F1B at least as often.
+// Latency on each hop: GPipe pays it 2 (p - 1) times (fill and drain); 1F1B, whose steady state
+// waits on every message, 16 times at p = 4, m = 8 (the note's table: 33 -> 34.6 at 0.1, 41 at
+// 0.5).
 TEST(Simulate, PointToPointLatency) {
   const int p = 4;
   const double l = 0.1;
   const double g0 = simulate(gpipe(p, 8), 1, {1, 2, 0}).makespan;
   EXPECT_NEAR(simulate(gpipe(p, 8), 1, {1, 2, l}).makespan - g0, 2 * (p - 1) * l, 1e-9);
   const double f0 = simulate(one_f_one_b(p, 8), 1, {1, 2, 0}).makespan;
-  EXPECT_GE(simulate(one_f_one_b(p, 8), 1, {1, 2, l}).makespan - f0, 2 * (p - 1) * l - 1e-9);
+  EXPECT_NEAR(simulate(one_f_one_b(p, 8), 1, {1, 2, l}).makespan - f0, 16 * l, 1e-9);
+  EXPECT_NEAR(simulate(one_f_one_b(p, 8), 1, {1, 2, 0.5}).makespan, 41.0, 1e-9);
 }
 
 TEST(Simulate, NamesTheDeadlock) {
@@ -142,6 +152,13 @@ TEST(Simulate, RejectsIncompleteSchedules) {
   s = one_f_one_b(2, 2);
   s[0].push_back(s[0][0]);
   expect_error_mentions([&] { simulate(s, 1, Costs{}); }, "F0");
+  // m is the largest micro-batch index + 1 (of any rank), not rank 0's count of forwards: a
+  // forward missing on rank 0 is named as missing, not as the others being out of range.
+  s = one_f_one_b(2, 3);
+  s[0].erase(s[0].begin());  // rank 0: [F0] F1 B0 F2 B1 B2
+  const std::string missing = dtl::testing::error_of([&] { simulate(s, 1, Costs{}); });
+  EXPECT_NE(missing.find("rank 0"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("F0"), std::string::npos) << missing;
 }
 
 // ---------------------------------------------------------------- Task 3
@@ -150,9 +167,39 @@ TEST(Execute, EveryScheduleTrainsLikeSerial) {
   const int p = dtl::world().size();
   const GPTConfig cfg = model6();
   const int64_t m = 2 * p, rows = 2 * m;
-  expect_execution_trains_like_serial(cfg, gpipe(p, m), 1, rows, 2, "GPipe");
-  expect_execution_trains_like_serial(cfg, one_f_one_b(p, m), 1, rows, 2, "1F1B");
-  expect_execution_trains_like_serial(cfg, interleaved(p, m, 2), 2, rows, 2, "interleaved v=2");
+  // Fixed orders (fixed_schedule), not your generators: Task 3 is graded on its own.
+  expect_execution_trains_like_serial(cfg, fixed_schedule("GPipe", p), 1, rows, 2, "GPipe");
+  expect_execution_trains_like_serial(cfg, fixed_schedule("1F1B", p), 1, rows, 2, "1F1B");
+  expect_execution_trains_like_serial(cfg, fixed_schedule("interleaved", p), 2, rows, 2,
+                                      "interleaved v=2");
+}
+
+// SGD's step is the gradient itself: each micro-batch's loss must be scaled by 1/m (AdamW with
+// a small eps divides a constant factor out and would not notice).
+TEST(Execute, GradientsAreTheMeanOverMicroBatchesWithSgd) {
+  const int p = dtl::world().size();
+  const int64_t m = 2 * p;
+  expect_execution_trains_like_serial(model6(), fixed_schedule("1F1B", p), 1, 2 * m, 2,
+                                      "1F1B with SGD", sgd);
+  expect_execution_trains_like_serial(model6(false), fixed_schedule("interleaved", p), 2, 2 * m,
+                                      1, "interleaved v=2 with SGD", sgd);
+}
+
+// Activations and gradients of 2 x 64 x 128 float32 = 64 KiB, above MPI's eager limit: a send
+// completes only once its receiver has posted the receive. An executor that waits for each send
+// before going on deadlocks 1F1B here (the last rank sends B0's gradient while its neighbour
+// sends F1's activation); small messages would hide it.
+TEST(Execute, LargeMessagesDoNotWaitForTheReceiver) {
+  const int p = dtl::world().size();
+  const int64_t m = 2 * p;
+  GPTConfig cfg = GPTConfig::tiny();
+  cfg.n_layer = 2;
+  cfg.d_model = 128;
+  cfg.seq_len = 64;
+  expect_execution_trains_like_serial(cfg, fixed_schedule("1F1B", p), 1, 2 * m, 1,
+                                      "1F1B, 64 KiB messages");
+  expect_execution_trains_like_serial(cfg, fixed_schedule("GPipe", p), 1, 2 * m, 1,
+                                      "GPipe, 64 KiB messages");
 }
 
 TEST(Execute, InFlightAndTrafficMatchTheSchedule) {
@@ -160,13 +207,13 @@ TEST(Execute, InFlightAndTrafficMatchTheSchedule) {
   const int p = world.size(), v = 2;
   const GPTConfig cfg = model6();
   const int64_t m = 2 * p;
-  const Schedule s = interleaved(p, m, v);
+  const Schedule s = fixed_schedule("interleaved", p);
   ModelChunks chunks(cfg, world, v, even_parts(cfg, p * v));
   PipelineLinks links(world);
   auto opt = dtl::make_adamw(chunks.module(), adamw());
   const StepResult res =
       execute(s, chunks, links, *opt, batch(cfg, 2 * m, 0).to(dtl::Runtime::get().device()));
-  EXPECT_EQ(res.peak_in_flight, simulate(s, v, Costs{}).peak_in_flight[world.rank()]);
+  EXPECT_EQ(res.peak_in_flight, peak_in_flight(s[world.rank()]));
   ASSERT_EQ(res.timeline.size(), s[world.rank()].size());
   for (size_t i = 0; i < res.timeline.size(); ++i)
     EXPECT_EQ(describe(res.timeline[i].action, v), describe(s[world.rank()][i], v)) << "in order";
@@ -197,14 +244,16 @@ TEST(Execute, RejectsABadScheduleOrBatch) {
   PipelineLinks links(world);
   auto opt = dtl::make_adamw(chunks.module(), adamw());
   const torch::Tensor global = batch(cfg, 6, 0).to(dtl::Runtime::get().device());
-  expect_error_mentions([&] { execute(gpipe(p + 1, 2), chunks, links, *opt, global); }, "ranks");
-  expect_error_mentions([&] { execute(gpipe(p, 4), chunks, links, *opt, global); }, "micro");
+  expect_error_mentions([&] { execute(fixed_schedule("GPipe", p + 1), chunks, links, *opt, global); },
+                        "ranks");
+  const Schedule gpipe4(static_cast<size_t>(p), parse("F0 F1 F2 F3 B0 B1 B2 B3"));
+  expect_error_mentions([&] { execute(gpipe4, chunks, links, *opt, global); },
+                        "micro");  // 6 rows, m = 4
   if (p > 1) {
     // The simulator accepts this one (no dependency cycle), but rank 1 receives micro-batch 1
     // before micro-batch 0 while rank 0 sends 0 first: the link would pair the wrong tensors.
-    Schedule swapped = gpipe(p, 2);
+    Schedule swapped(static_cast<size_t>(p), parse("F0 F1 B0 B1"));
     std::swap(swapped[1][0], swapped[1][1]);
-    EXPECT_NO_THROW(simulate(swapped, 1, Costs{}));
     expect_error_mentions([&] { execute(swapped, chunks, links, *opt, global); }, "order");
   }
 }

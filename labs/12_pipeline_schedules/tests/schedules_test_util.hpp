@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -53,6 +55,59 @@ inline std::string text(const std::vector<Action>& actions, int v) {
   return out;
 }
 
+// Fixed schedules for the executor's tests, independent of the student's generators (Task 1):
+// "GPipe", "1F1B" and "interleaved" (v = 2) for p = 1-4 ranks and m = 2p micro-batches, the
+// orders Megatron's schedules.py produces.
+inline Schedule fixed_schedule(const std::string& name, int p) {
+  if (name == "GPipe") {
+    std::string all;
+    for (const char* kind : {"F", "B"})
+      for (int k = 0; k < 2 * p; ++k) all += (all.empty() ? "" : " ") + (kind + std::to_string(k));
+    return Schedule(static_cast<size_t>(p), parse(all));
+  }
+  if (name == "1F1B") {
+    if (p == 1) return {parse("F0 B0 F1 B1")};
+    if (p == 2) return {parse("F0 F1 B0 F2 B1 F3 B2 B3"),
+                        parse("F0 B0 F1 B1 F2 B2 F3 B3")};
+    if (p == 3) return {parse("F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5"),
+                        parse("F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5"),
+                        parse("F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5")};
+    if (p == 4) return {parse("F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7"),
+                        parse("F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7"),
+                        parse("F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7"),
+                        parse("F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7")};
+  }
+  if (name == "interleaved") {
+    if (p == 1) return {parse("F0.0 F0.1 B0.1 F1.0 B0.0 F1.1 B1.1 B1.0")};
+    if (p == 2) return {parse("F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0"),
+                        parse("F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0")};
+    if (p == 3) return {parse("F0.0 F1.0 F2.0 F0.1 F1.1 F2.1 F3.0 F4.0 B0.1 F5.0 B1.1 F3.1 B2.1 F4.1 B0.0 F5.1 B1.0 B2.0 B3.1 B4.1 B5.1 B3.0 B4.0 B5.0"),
+                        parse("F0.0 F1.0 F2.0 F0.1 F1.1 F2.1 B0.1 F3.0 B1.1 F4.0 B2.1 F5.0 B0.0 F3.1 B1.0 F4.1 B2.0 F5.1 B3.1 B4.1 B5.1 B3.0 B4.0 B5.0"),
+                        parse("F0.0 F1.0 F2.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.0 B0.0 F4.0 B1.0 F5.0 B2.0 F3.1 B3.1 F4.1 B4.1 F5.1 B5.1 B3.0 B4.0 B5.0")};
+    if (p == 4) return {parse("F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 F4.0 F5.0 F6.0 B0.1 F7.0 B1.1 F4.1 B2.1 F5.1 B3.1 F6.1 B0.0 F7.1 B1.0 B2.0 B3.0 B4.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0"),
+                        parse("F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 F4.0 B0.1 F5.0 B1.1 F6.0 B2.1 F7.0 B3.1 F4.1 B0.0 F5.1 B1.0 F6.1 B2.0 F7.1 B3.0 B4.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0"),
+                        parse("F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 B0.1 F3.1 B1.1 F4.0 B2.1 F5.0 B3.1 F6.0 B0.0 F7.0 B1.0 F4.1 B2.0 F5.1 B3.0 F6.1 B4.1 F7.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0"),
+                        parse("F0.0 F1.0 F2.0 F3.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 B3.1 F4.0 B0.0 F5.0 B1.0 F6.0 B2.0 F7.0 B3.0 F4.1 B4.1 F5.1 B5.1 F6.1 B6.1 F7.1 B7.1 B4.0 B5.0 B6.0 B7.0")};
+  }
+  ADD_FAILURE() << "no fixed schedule " << name << " for p=" << p;
+  return {};
+}
+
+// Most (micro, chunk) pairs forwarded and not yet backpropagated at once in one rank's list.
+inline int64_t peak_in_flight(const std::vector<Action>& actions) {
+  int64_t now = 0, peak = 0;
+  for (const Action& a : actions) peak = std::max(peak, now += a.kind == Action::Forward ? 1 : -1);
+  return peak;
+}
+
+using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(torch::nn::Module&)>;
+
+// SGD: its step is proportional to the gradient, so a gradient off by a factor (the 1/m of the
+// loss dropped) shows; AdamW with a small eps divides it out.
+inline std::unique_ptr<torch::optim::Optimizer> sgd(torch::nn::Module& m) {
+  return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.5));
+}
+
 // The model for execution: 6 blocks (8 units), so p x v <= 8 virtual stages can be cut.
 inline GPTConfig model6(bool tied = true) {
   GPTConfig cfg = GPTConfig::tiny();
@@ -66,11 +121,16 @@ inline GPTConfig model6(bool tied = true) {
 // parameter by its serial name.
 inline void expect_execution_trains_like_serial(const GPTConfig& cfg, const Schedule& schedule,
                                                 int v, int64_t rows, int steps,
-                                                const std::string& what) {
+                                                const std::string& what,
+                                                const MakeOptimizer& make = nullptr) {
   dtl::Comm& world = dtl::world();
+  const MakeOptimizer make_optimizer =
+      make ? make : [](torch::nn::Module& m) -> std::unique_ptr<torch::optim::Optimizer> {
+    return dtl::make_adamw(m, adamw());
+  };
   const auto expected = dtl::testing::serial(1, [&] {
     dtl::model::GPT full(cfg);
-    auto opt = dtl::make_adamw(*full, adamw());
+    auto opt = make_optimizer(*full);
     std::vector<double> losses;
     for (int s = 0; s < steps; ++s)
       losses.push_back(dtl::train_step(full, *opt, batch(cfg, rows, s)));
@@ -80,7 +140,7 @@ inline void expect_execution_trains_like_serial(const GPTConfig& cfg, const Sche
   });
   dtl::lab12::ModelChunks chunks(cfg, world, v, even_parts(cfg, world.size() * v));
   dtl::lab12::PipelineLinks links(world);
-  auto opt = dtl::make_adamw(chunks.module(), adamw());
+  auto opt = make_optimizer(chunks.module());
   const torch::Device device = dtl::Runtime::get().device();
   for (int s = 0; s < steps; ++s) {
     const auto res =

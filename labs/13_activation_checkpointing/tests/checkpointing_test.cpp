@@ -3,8 +3,8 @@
 //
 // Oracles: the plain computation, bit for bit (torch::equal), with dropout on: checkpointing
 // must change no number, only what is kept and when it is computed; the tracking allocator for
-// what forward keeps and for the peak (within 15% of the header's formulas); closed forms for
-// the formulas; the formulas themselves for the chooser.
+// what forward keeps and for the peak (within 15% of the closed forms); exact worked values for
+// the closed forms the student derives from the header's list; those forms for the chooser.
 #include "checkpointing.hpp"
 
 #include <gmock/gmock.h>
@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -131,10 +132,21 @@ TEST(Checkpoint, InputsThatNeedNoGradientGetNone) {
   torch::Tensor x = torch::randn({4, 6}, dev());  // data: no grad
   torch::Tensor w = torch::randn({6, 3}, dev()).requires_grad_(true);
   torch::Tensor w_plain = w.detach().clone().requires_grad_(true);
-  const CheckpointFn fn = [](const std::vector<torch::Tensor>& in) {
+  // What the recomputation sees (the second call): leaves requiring grad as the inputs do, so
+  // no gradient is computed for x. (x.grad() alone could not tell: autograd drops a gradient
+  // returned for an input that does not require grad.)
+  auto calls = std::make_shared<int>(0);
+  auto recomputed_needs_grad = std::make_shared<std::vector<bool>>();
+  const CheckpointFn fn = [calls, recomputed_needs_grad](const std::vector<torch::Tensor>& in) {
+    if (++*calls == 2)
+      for (const auto& t : in) recomputed_needs_grad->push_back(t.requires_grad());
     return torch::matmul(in[0], in[1]).relu();
   };
   checkpoint(fn, {x, w}).sum().backward();
+  ASSERT_EQ(*calls, 2);
+  EXPECT_EQ(*recomputed_needs_grad, (std::vector<bool>{false, true}))
+      << "the recomputation's leaves: x needs no gradient, w does";
+  *calls = 0;
   fn({x, w_plain}).sum().backward();
   EXPECT_FALSE(x.grad().defined());
   ASSERT_TRUE(w.grad().defined());
