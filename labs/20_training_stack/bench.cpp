@@ -1,8 +1,8 @@
 // Lab 20 benchmark: the planner's search (every candidate plan estimated for GPT-3 175B on 1024
-// A100s) and one training step of each 4-rank composition.
+// A100s) and a short training run of each 4-rank composition.
 //
 //   ./lab bench 20                  1 rank: the planner
-//   ./lab bench 20 -n 4             the compositions too (dp, tp x dp, pp x dp)
+//   ./lab bench 20 -n 4             the compositions too (dp, tp x dp, pp x dp, tp x pp)
 //   ./lab bench 20 --solutions
 //
 // Results are checked in every iteration: the planner's choice must fit and be within 5% of the
@@ -50,8 +50,8 @@ void BM_Plan(benchmark::State& state) {
 }
 BENCHMARK(BM_Plan)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 
-// One training run of kSteps steps of a composition (0: dp, 1: tp x dp, 2: pp x dp; the world
-// must be 4 for 1 and 2), every step's loss against single-process training.
+// One training run of kSteps steps of a composition (0: dp, 1: tp x dp, 2: pp x dp, 3: tp x pp;
+// the world must be 4 for 1-3), every step's loss against single-process training.
 constexpr int kSteps = 3;
 
 TrainOptions bench_options() {
@@ -85,7 +85,8 @@ const std::vector<double>& serial_losses() {
 void BM_Train(benchmark::State& state) {
   dtl::Comm& world = dtl::world();
   const int n = world.size();
-  const std::vector<std::string> plans = {fmt::format("dp={}", n), "tp=2,dp=2", "pp=2,dp=2"};
+  const std::vector<std::string> plans = {fmt::format("dp={}", n), "tp=2,dp=2", "pp=2,dp=2",
+                                          "tp=2,pp=2"};
   const std::string p = plans[static_cast<size_t>(state.range(0))];
   state.SetLabel(p);
   if (state.range(0) > 0 && n != 4) {
@@ -113,6 +114,6 @@ void BM_Train(benchmark::State& state) {
     state.SkipWithError(e.what());
   }
 }
-BENCHMARK(BM_Train)->DenseRange(0, 2)->Iterations(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Train)->DenseRange(0, 3)->Iterations(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
