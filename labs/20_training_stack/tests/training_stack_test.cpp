@@ -467,7 +467,7 @@ TEST(Average, MeanOverTheDataParallelGroupOnly) {
 TEST(Train, DataParallelFollowsSerial) {
   const int n = dtl::world().size();
   expect_follows_serial(fmt::format("dp={}", n), train_options());
-  expect_follows_serial(fmt::format("dp={},mb=2", n), train_options());  // accumulation
+  expect_follows_serial(fmt::format("dp={},mb=2", n), scale_sensitive(train_options()));  // accumulation
 }
 
 TEST(Train, TensorParallelFollowsSerial) {
@@ -499,7 +499,7 @@ TEST(Train, PipelineFollowsSerial) {
 TEST(Train, TensorPipelineFollowsSerial) {
   if (dtl::world().size() != 4) GTEST_SKIP() << "tp 2 x pp 2: 4 ranks";
   expect_follows_serial("tp=2,pp=2", train_options());
-  expect_follows_serial("tp=2,pp=2,mb=4", train_options());
+  expect_follows_serial("tp=2,pp=2,mb=4", scale_sensitive(train_options()));
   TrainOptions untied = train_options();
   untied.model.tied_head = false;
   expect_follows_serial("tp=2,pp=2,mb=2", untied);

@@ -68,6 +68,14 @@ inline TrainOptions train_options(int64_t steps = 4, double weight_decay = 0.1) 
   return o;
 }
 
+// AdamW divides by sqrt(v): a gradient k times too large gives the same update, so a loss not
+// divided by the number of micro-batches passes unseen. With an eps larger than the gradients
+// the update is about lr g / eps, and the scale shows.
+inline TrainOptions scale_sensitive(TrainOptions o) {
+  o.optim.eps = 0.1;
+  return o;
+}
+
 // The oracle: single-process dtl::train_step on the whole global batch, the same data, the same
 // optimizer; the loss of every step. Every rank computes it on its own (no communication).
 inline std::vector<double> serial_losses(const TrainOptions& o) {
