@@ -438,7 +438,7 @@ struct TrainResult {
 //                 zero_stage 1-3: lab 14's ZeroOptimizer over dp; checkpointing (zero_stage 0
 //                 or 1): lab 13's gpt_loss with the plan's policy
 //   tp > 1        lab 09's TensorParallelGPT over the tp group, built from the serial GPT;
-//                 make_adamw over its parameters, average_gradients over dp; kFull: every block
+//   (pp = 1)      make_adamw over its parameters, average_gradients over dp; kFull: every block
 //                 through lab 13's checkpoint
 //   pp > 1        lab 12's ModelChunks (even_parts over pp x v chunks) and PipelineLinks over
 //   (tp = 1)      the pp group, executed with one_f_one_b (v = 1) or interleaved (v > 1) on
