@@ -1,0 +1,111 @@
+// labs/20_training_stack/tests/training_stack_test_util.hpp — shared by the public tests
+// (training_stack_test.cpp) and the grading tests (grading/20_training_stack/): the
+// single-process oracle of the trainer, the planner's test cases, small helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtl/data.hpp"               // defines: SyntheticCorpus, GlobalBatchSampler
+#include "dtl/harness/checks.hpp"     // defines: serial, device, expect_error_mentions
+#include "dtl/harness/scratch.hpp"    // defines: ScratchDir
+#include "dtl/optim.hpp"              // defines: make_adamw
+#include "dtl/runtime.hpp"
+#include "dtl/train.hpp"              // defines: train_step
+#include "training_stack.hpp"
+
+namespace lab20_test {
+
+using dtl::Comm;
+using dtl::lab20::Checkpointing;
+using dtl::lab20::Cluster;
+using dtl::lab20::CostModel;
+using dtl::lab20::Estimate;
+using dtl::lab20::GPTConfig;
+using dtl::lab20::Plan;
+using dtl::lab20::TrainOptions;
+using dtl::lab20::TrainResult;
+using dtl::testing::expect_error_mentions;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The planner's tests are arithmetic: they run once, at world size 1.
+#define LAB20_SINGLE_PROCESS()                                                              \
+  do {                                                                                      \
+    if (dtl::world().size() > 1) GTEST_SKIP() << "arithmetic only: runs at world size 1";  \
+  } while (0)
+
+inline Plan plan_of(const std::string& text) { return dtl::lab20::parse_plan(text); }
+
+// A cost model with the given constants and software (usable memory as the default).
+inline CostModel cost(double eps, double kappa, double omega, bool flash = false, bool sp = false) {
+  CostModel c;
+  c.compute_efficiency = eps;
+  c.memory_passes = kappa;
+  c.dp_overlap = omega;
+  c.flash_attention = flash;
+  c.sequence_parallel = sp;
+  return c;
+}
+
+// The trainer's test setting: the tiny GPT (2 layers, d 32, 2 heads, vocab 64, 16 tokens), a
+// global batch of 24 (it divides over 1 to 4 replicas, in micro-batches of 2), AdamW with eps 1e-6 (so reduction-order rounding does not blow up through
+// 1/sqrt(v)) and weight decay on the matrices.
+inline TrainOptions train_options(int64_t steps = 4, double weight_decay = 0.1) {
+  TrainOptions o;
+  o.model = dtl::testing::gpt_config(2, 32, 2, 64, 16);
+  o.optim.lr = 3e-3;
+  o.optim.eps = 1e-6;
+  o.optim.weight_decay = weight_decay;
+  o.global_batch = 24;
+  o.steps = steps;
+  o.peak_flops = 1e10;  // a number: measuring the machine's matmul rate would cost a second
+  return o;
+}
+
+// AdamW divides by sqrt(v): a gradient k times too large gives the same update, so a loss not
+// divided by the number of micro-batches passes unseen. With an eps larger than the gradients
+// the update is about lr g / eps, and the scale shows.
+inline TrainOptions scale_sensitive(TrainOptions o) {
+  o.optim.eps = 0.1;
+  return o;
+}
+
+// The oracle: single-process dtl::train_step on the whole global batch, the same data, the same
+// optimizer; the loss of every step. Every rank computes it on its own (no communication).
+inline std::vector<double> serial_losses(const TrainOptions& o) {
+  return dtl::testing::serial(0, [&] {
+    dtl::lab20::GPTConfig cfg = o.model;
+    dtl::model::GPT model(cfg);
+    model->to(dtl::testing::device());
+    auto opt = dtl::make_adamw(*model, o.optim);
+    dtl::data::SyntheticCorpus corpus(cfg.vocab_size, o.data_seed);
+    dtl::data::GlobalBatchSampler sampler(corpus, o.global_batch, cfg.seq_len);
+    std::vector<double> losses;
+    for (int64_t k = 0; k < o.steps; ++k) {
+      dtl::set_lr(*opt, dtl::warmup_cosine_lr(o.optim, k, o.steps));
+      losses.push_back(dtl::train_step(model, *opt, sampler.global_batch_at(k).to(dtl::testing::device())));
+    }
+    return losses;
+  });
+}
+
+// train(plan) on the whole world follows the serial losses step for step.
+inline void expect_follows_serial(const std::string& plan, const TrainOptions& o,
+                                  double rtol = 1e-4) {
+  const std::vector<double> want = serial_losses(o);
+  auto comm = dtl::testing::fresh_comm();
+  const TrainResult got = dtl::lab20::train(plan_of(plan), o, *comm);
+  ASSERT_EQ(got.losses.size(), want.size()) << plan;
+  EXPECT_EQ(got.first_step, 0) << plan;
+  for (size_t k = 0; k < want.size(); ++k)
+    EXPECT_NEAR(got.losses[k], want[k], rtol * std::abs(want[k]))
+        << plan << ": the loss of step " << k << " differs from single-process training's";
+}
+
+}  // namespace lab20_test
