@@ -217,6 +217,9 @@ void MpiComm::worker_loop() {
     } catch (...) {
       err = std::current_exception();
     }
+    // Let go of the op's buffers before anyone can see it complete: a caller that waits and
+    // then measures memory (or reuses the buffers) must not race this thread's cleanup.
+    task->op = Op();
     {
       std::lock_guard<std::mutex> lock(qmu_);
       busy_ = false;
