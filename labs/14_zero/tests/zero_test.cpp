@@ -148,9 +148,10 @@ void evaluation_keeps_nothing(int stage) {
   const auto after = static_cast<int64_t>(dtl::memory::current_bytes());
   EXPECT_FALSE(evaluated.requires_grad()) << "a loss under NoGradGuard needs no gradient";
   DTL_EXPECT_CLOSE(evaluated, trained);
-  if (device().is_cpu())
+  if (device().is_cpu()) {
     EXPECT_LE(after - before, 1024) << "bytes still held after an evaluation under NoGradGuard "
                                        "(a graph, or a gathered unit)";
+  }
 }
 DTL_ZERO_TEST_PER_STAGE(EvaluationUnderNoGradKeepsNoGraph, evaluation_keeps_nothing)
 
@@ -248,9 +249,10 @@ void communication_per_step(int stage) {
   EXPECT_DOUBLE_EQ(st.total_wire_bytes(), wire(OpType::ReduceScatter, padded_bytes, n) +
                                               (stage == 3 ? 2 : 1) *
                                                   wire(OpType::AllGather, padded_bytes, n));
-  if (n > 1)
+  if (n > 1) {
     EXPECT_DOUBLE_EQ(st.total_wire_bytes(), (stage == 3 ? 1.5 : 1.0) *
                                                 wire(OpType::AllReduce, padded_bytes, n));
+  }
 }
 DTL_ZERO_TEST_PER_STAGE(CommunicationPerStep, communication_per_step)
 
