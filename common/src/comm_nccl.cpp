@@ -312,6 +312,7 @@ class NcclComm : public Comm {
       cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
       cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
       cuda_check(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc");
+      cuda_check(cudaMemset(barrier_buf_, 0, sizeof(int32_t)), "cudaMemset");
     } catch (...) {
       release_cuda();
       ncclCommAbort(comm);
@@ -441,7 +442,8 @@ class NcclComm : public Comm {
     const int64_t total = full.numel(), parts = size();
     if (total % parts == 0) return;
     const int64_t largest = split_range(total, parts, 0).size();
-    auto range = [&](int64_t p) { return split_range(total, parts, p); };
+    // By value: `finish` keeps a copy of this lambda and runs it after this function returned.
+    auto range = [total, parts](int64_t p) { return split_range(total, parts, p); };
     std::function<void()> then = std::move(op.finish);
     if (op.type == OpType::ReduceScatter) {
       // In: chunk p at [p * largest, ...), zero tail. Out: this rank's largest-sized slot.
@@ -480,13 +482,14 @@ class NcclComm : public Comm {
     if (op.type == OpType::Send || op.type == OpType::Recv || op.type == OpType::SendRecv)
       nccl_check_p2p_tag(op.tag, what);
     ncclDataType_t send_type = ncclInt32, recv_type = ncclInt32;
-    nccl_check_tensor(op.type == OpType::ReduceScatter ? op.send : op.recv, core_->device, what);
+    // Whichever buffers the op has: none for barrier, only `send` for send, only `recv` for recv.
+    for (const torch::Tensor* t : {&op.send, &op.recv})
+      if (t->defined()) nccl_check_tensor(*t, core_->device, what);
     pad_uneven(op);  // before `ready_` is recorded: the padding copies run first
+    // Held until the op's end event has passed: no buffer is freed (and so none is handed to
+    // another stream by the caching allocator) while NCCL may still touch it.
     for (auto* t : {&op.send, &op.recv})
-      if (t->defined() && !(t == &op.recv && op.recv.is_same(op.send))) {
-        nccl_check_tensor(*t, core_->device, what);
-        e->keep.push_back(*t);
-      }
+      if (t->defined() && !(t == &op.recv && op.recv.is_same(op.send))) e->keep.push_back(*t);
     if (op.send.defined()) send_type = nccl_dtype(op.send);
     if (op.recv.defined()) recv_type = nccl_dtype(op.recv);
     const std::string& at = e->where;
@@ -498,15 +501,9 @@ class NcclComm : public Comm {
     // ---- order after the caller's current stream (the kernels that produced the inputs) ----
     cuda_check(cudaEventRecord(ready_, caller_stream(core_->device)), "cudaEventRecord", at);
     cuda_check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent", at);
-#if DTL_TORCH_HAS_CUDA
-    // The caching allocator must not hand these blocks to another stream's kernels before
-    // the NCCL stream is done with them (keep-alive alone covers frees, not cross-stream use).
-    const auto nccl_stream =
-        c10::cuda::getStreamFromExternal(stream_, static_cast<c10::DeviceIndex>(core_->device));
-    for (auto& t : e->keep)
-      if (t.numel() > 0)
-        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), nccl_stream);
-#endif
+    // No recordStream onto stream_: the keep-alive above already prevents reuse until the op
+    // ends, and an event recorded on this comm's own stream would outlive the stream (destroyed
+    // with the comm) when a tensor outlives its comm, making the allocator's later free fail.
     cuda_check(cudaEventRecord(e->start, stream_), "cudaEventRecord", at);
 
     // ---- the NCCL call(s) on the comm stream ----
@@ -575,6 +572,8 @@ class NcclComm : public Comm {
     e->finish = std::move(op.finish);
     if (e->finish) {
 #if DTL_TORCH_HAS_CUDA
+      const auto nccl_stream =
+          c10::cuda::getStreamFromExternal(stream_, static_cast<c10::DeviceIndex>(core_->device));
       c10::cuda::CUDAStreamGuard on_nccl_stream(nccl_stream);
       e->finish();
 #else
