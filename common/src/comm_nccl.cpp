@@ -74,6 +74,8 @@ std::string nccl_version_string() {
   return fmt::format("{} (built with {}.{}.{})", runtime, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
 }
 
+void cuda_set_current_device(int index) { cuda_check(cudaSetDevice(index), "cudaSetDevice"); }
+
 int cuda_device_count() {
   int n = 0;
   cudaError_t rc = cudaGetDeviceCount(&n);

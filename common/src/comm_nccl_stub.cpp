@@ -12,6 +12,7 @@ static const char* kNoNccl =
 bool nccl_compiled() { return false; }
 std::string nccl_version_string() { return "none (built without NCCL)"; }
 int cuda_device_count() { throw Error(rank_prefix() + kNoNccl); }
+void cuda_set_current_device(int) { throw Error(rank_prefix() + kNoNccl); }
 std::shared_ptr<Comm> make_nccl_comm(Comm&, int, const std::string&) {
   throw Error(rank_prefix() + kNoNccl);
 }

@@ -154,6 +154,7 @@ void Runtime::init(int argc, char** argv) {
       int devices = cuda_device_count();
       int index = local_rank_ % devices;
       device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+      cuda_set_current_device(index);  // else every rank's first context lands on GPU 0
       world_ = make_nccl_comm(*cpu_world_, index, "world", local_size_);
     } else {
       world_ = cpu_world_;

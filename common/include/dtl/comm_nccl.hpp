@@ -58,6 +58,9 @@ std::shared_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device_index, const st
                                      int local_ranks);
 // Number of CUDA devices, or a dtl::Error explaining why there are none usable.
 int cuda_device_count();
+// Makes `index` this thread's current CUDA device (the Runtime calls it for the main thread, so
+// LibTorch's and NCCL's contexts land on this rank's GPU, not all on GPU 0).
+void cuda_set_current_device(int index);
 
 // The checks below are what NcclComm applies; inline so the no-GPU CI box (and a build
 // without NCCL) tests the very messages a GPU run gives.
@@ -75,8 +78,9 @@ inline void nccl_check_local_ranks(int local_ranks, int gpus) {
 // Every tensor: CUDA, on this comm's device.
 inline void nccl_check_tensor(const torch::Tensor& t, int device_index, const char* op) {
   DTL_CHECK(t.is_cuda(), fmt::format("{}: tensor is on {} but the nccl backend moves CUDA tensors "
-                                     "(use --backend mpi for CPU tensors, or .to(torch::kCUDA))",
-                                     op, t.device().str()));
+                                     "(use --backend mpi for CPU tensors, or .to(comm.device()), "
+                                     "here cuda:{})",
+                                     op, t.device().str(), device_index));
   DTL_CHECK(t.device().index() == device_index,
             fmt::format("{}: tensor is on {} but this rank's NCCL comm uses cuda:{}", op,
                         t.device().str(), device_index));
