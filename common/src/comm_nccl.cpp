@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -295,13 +296,26 @@ class NcclComm : public Comm {
     DeviceGuard guard(device);
     if (!comm) {
       // Rank 0 makes the unique id; the bootstrap (MPI) comm carries it to everyone.
+      // One byte more says whether rank 0 has an id: if ncclGetUniqueId fails there, the other
+      // ranks must fail too, not wait in a broadcast rank 0 never joins.
       ncclUniqueId id;
-      auto id_bytes = torch::zeros({static_cast<int64_t>(sizeof(id))}, torch::kUInt8);
+      auto id_bytes = torch::zeros({static_cast<int64_t>(sizeof(id)) + 1}, torch::kUInt8);
+      std::exception_ptr id_error;
       if (rank() == 0) {
-        nccl_check(ncclGetUniqueId(&id), rank_prefix(), "ncclGetUniqueId");
-        std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
+        try {
+          nccl_check(ncclGetUniqueId(&id), rank_prefix(), "ncclGetUniqueId");
+          std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
+          id_bytes.data_ptr<uint8_t>()[sizeof(id)] = 1;
+        } catch (...) {
+          id_error = std::current_exception();
+        }
       }
       bootstrap_->broadcast(id_bytes, 0);
+      if (id_error) std::rethrow_exception(id_error);
+      if (id_bytes.data_ptr<uint8_t>()[sizeof(id)] != 1)
+        throw Error(fmt::format("{}comm '{}': rank 0 could not create NCCL's unique id "
+                                "(ncclGetUniqueId failed there: see rank 0's error)",
+                                rank_prefix(), name));
       std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
       nccl_check(ncclCommInitRank(&comm, size(), id, rank()), rank_prefix(), "ncclCommInitRank");
     }
