@@ -12,18 +12,6 @@
 namespace lab20_test {
 namespace {
 
-using dtl::lab20::cluster;
-using dtl::lab20::estimate;
-using dtl::lab20::invalid_reason;
-using dtl::lab20::memory_per_gpu;
-using dtl::lab20::model_by_name;
-using dtl::lab20::params_per_gpu;
-using dtl::lab20::step_time;
-
-double ring(int n, double bytes, double alpha, double beta) {
-  return 2 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / beta;
-}
-
 // ---------------------------------------------------------------- Task 1
 
 TEST(GradeFits, UntiedHeadsWithoutBiasesOverStages) {

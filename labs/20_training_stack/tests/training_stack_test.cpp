@@ -15,14 +15,6 @@
 namespace lab20_test {
 namespace {
 
-using dtl::lab20::cluster;
-using dtl::lab20::estimate;
-using dtl::lab20::invalid_reason;
-using dtl::lab20::memory_per_gpu;
-using dtl::lab20::model_by_name;
-using dtl::lab20::params_per_gpu;
-using dtl::lab20::step_time;
-
 // ---------------------------------------------------------------- Task 1: what fits
 
 TEST(Fits, ParamsPerGpuCountsTheModel) {
@@ -213,11 +205,6 @@ TEST(Time, ElementwiseWorkIsPassesOverHbm) {
   const auto st = step_time(m, one, p, 4, cost(1e30, 1, 0));
   const double want = 4 * L * (3 * layer + s * 5 * a * s) / 2039e9;  // the scores once more
   EXPECT_NEAR(st.total, want, 1e-6 * want);
-}
-
-// The ring all-reduce of lab 07 over n ranks on one link, by hand.
-double ring(int n, double bytes, double alpha, double beta) {
-  return 2 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / beta;
 }
 
 TEST(Time, TensorParallelCollectivesOnNVLinkOrTheNetwork) {

@@ -30,6 +30,19 @@ using dtl::lab20::GPTConfig;
 using dtl::lab20::Plan;
 using dtl::lab20::TrainOptions;
 using dtl::lab20::TrainResult;
+using dtl::lab20::cluster;
+using dtl::lab20::estimate;
+using dtl::lab20::invalid_reason;
+using dtl::lab20::memory_per_gpu;
+using dtl::lab20::model_by_name;
+using dtl::lab20::params_per_gpu;
+using dtl::lab20::step_time;
+
+// Lab 07's ring all-reduce of `bytes` over n ranks on one link (alpha, beta), by hand: the oracle of
+// the step-time tests.
+inline double ring(int n, double bytes, double alpha, double beta) {
+  return 2 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / beta;
+}
 using dtl::testing::expect_error_mentions;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
