@@ -838,16 +838,16 @@ std::string table(const std::vector<LabResult>& labs, const Options& opt) {
     max += m;
     out += fmt::format("{:<5} {:<44} {:>9} {:>13} {:>11} {:>13}  {}\n", r.lab, title,
                        lab.not_started ? "-" : fmt::format("{}/{}", lab.pairs_passed, lab.pairs_total),
-                       fmt::format("{:.1f}/{:.0f}", lab.correctness, lab.correctness_max),
-                       fmt::format("{:.0f}/{:.0f}", lab.performance, lab.performance_max),
-                       fmt::format("{:.1f}/{:.0f}", t, m), lab.reason.empty() ? "ok" : lab.reason);
+                       fmt::format("{:.1f}/{:g}", lab.correctness, lab.correctness_max),
+                       fmt::format("{:.0f}/{:g}", lab.performance, lab.performance_max),
+                       fmt::format("{:.1f}/{:g}", t, m), lab.reason.empty() ? "ok" : lab.reason);
     for (auto& p : lab.perf)
       if (!std::isnan(p.student))
         out += fmt::format("      performance {}: yours {:.4g}, reference {:.4g} ({:.2f} x, needs {:.2f})\n",
                            p.check->name, p.student, p.reference, p.ratio, p.check->min_ratio);
   }
   out += fmt::format("{:<5} {:<44} {:>9} {:>13} {:>11} {:>13}\n", "", "total", "", "", "",
-                     fmt::format("{:.1f}/{:.0f}", got, max));
+                     fmt::format("{:.1f}/{:g}", got, max));
   out += fmt::format("graded: the {} build\n", opt.side == "student" ? "student" : "reference (--solutions)");
   const auto untouched = std::count_if(labs.begin(), labs.end(), [](const LabResult& l) { return l.not_started; });
   if (untouched > 0)
@@ -1237,7 +1237,7 @@ int main(int argc, char** argv) {
       results.push_back(grader.grade(r));
       const auto& done = results.back();
       if (done.not_started) continue;  // the table says so; no progress to report
-      std::cerr << fmt::format("[{}/{}] lab {}: {:.1f}/{:.0f} in {:.0f} s{}\n", k + 1, rubrics.size(),
+      std::cerr << fmt::format("[{}/{}] lab {}: {:.1f}/{:g} in {:.0f} s{}\n", k + 1, rubrics.size(),
                                r.lab, done.correctness + done.performance,
                                done.correctness_max + done.performance_max,
                                std::chrono::duration<double>(std::chrono::steady_clock::now() -
