@@ -14,11 +14,13 @@ using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using dtl::testing::error_of;
 
-TEST(NcclNoDevice, MoreLocalRanksThanGpusNamesBothNumbers) {
-  EXPECT_EQ(error_of([] { dtl::nccl_check_local_ranks(2, 2); }), "(no dtl::Error)");
-  EXPECT_THAT(error_of([] { dtl::nccl_check_local_ranks(3, 2); }),
-              AllOf(HasSubstr("3 ranks run on this node"), HasSubstr("only 2 GPU(s)"),
-                    HasSubstr("at most 2 ranks per node")));
+TEST(NcclNoDevice, RanksSharingAGpuAreNamedByUuid) {
+  // Per-rank binding: every rank sees one GPU, as cuda:0, but they are different GPUs.
+  EXPECT_EQ(error_of([] { dtl::nccl_check_distinct_gpus({"GPU-a", "GPU-b", "GPU-c"}, 3); }),
+            "(no dtl::Error)");
+  EXPECT_THAT(error_of([] { dtl::nccl_check_distinct_gpus({"GPU-a", "GPU-b", "GPU-a"}, 3); }),
+              AllOf(HasSubstr("ranks 0 and 2 both use GPU GPU-a"), HasSubstr("3 ranks on this node"),
+                    HasSubstr("one GPU per rank")));
 }
 
 TEST(NcclNoDevice, TagsAreRejectedClearly) {
