@@ -27,8 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # name, ranks, shape flags (both sides understand them), global batch, steps per run, what
 WORKLOADS = [
-    ("gpt", 1, [], 64, 6, "GPT step, 1 process, 1.82 M params, batch 64 x 64"),
-    ("ddp", 2, [], 128, 6, "DDP step, 2 ranks, 1.82 M params, batch 128 x 64"),
+    ("gpt", 1, [], 64, 12, "GPT step, 1 process, 1.82 M params, batch 64 x 64"),
+    ("ddp", 2, [], 128, 12, "DDP step, 2 ranks, 1.82 M params, batch 128 x 64"),
     ("ddp-small", 2, ["--seq", "32", "--d-model", "128", "--layers", "2"], 16, 30,
      "DDP step, 2 ranks, 417 k params, batch 16 x 32"),
 ]

@@ -126,7 +126,7 @@ def main():
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=128)
-    p.add_argument("--steps", type=int, default=6, help="steps, the first is warm-up")
+    p.add_argument("--steps", type=int, default=12, help="steps, the first is warm-up")
     p.add_argument("--threads", type=int, default=0, help="0 = cores / ranks, as dtl's Runtime")
     args = p.parse_args()
     if args.ranks == 1:
