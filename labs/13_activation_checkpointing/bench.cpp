@@ -36,7 +36,6 @@ struct Fixture {
 
   Fixture() {
     dtl::memory::install();
-    dtl::lab13::demo::keep_freed_memory();  // time compute, not page faults (demo_config.hpp)
     const auto cfg = dtl::lab13::demo::demo_config();
     model = dtl::lab13::GPT(cfg);
     model->train();

@@ -92,7 +92,6 @@ int main(int argc, char** argv) {
   try {
     dtl::Runtime rt(options, argc, argv);
     dtl::memory::install();
-    dtl::lab13::demo::keep_freed_memory();
     const bool cpu = rt.device().is_cpu();
     torch::Tensor tokens =
         torch::randint(cfg.vocab_size, {batch, seq + 1}, torch::kInt64).to(rt.device());
