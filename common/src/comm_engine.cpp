@@ -96,14 +96,6 @@ struct EngineWork : Work::State {
   }
 };
 
-// The tensor checks a backend without tags and with one device applies (Comm::issue already
-// checked dtype, device type and size).
-void check_device_tensor(const torch::Tensor& t, const torch::Device& device, const char* op) {
-  if (device.is_cuda()) return nccl_check_tensor(t, device.index(), op);
-  DTL_CHECK(t.device() == device, fmt::format("{}: tensor is on {} but this rank's comm uses {}",
-                                              op, t.device().str(), device.str()));
-}
-
 class EngineComm : public Comm {
  public:
   EngineComm(std::shared_ptr<Comm> bootstrap, std::unique_ptr<DeviceLayer> device,
@@ -210,12 +202,10 @@ class EngineComm : public Comm {
     e->where = where(rec);
     DeviceCall call;
     try {
-      // ---- everything that can throw before the device is involved ----
+      // ---- everything that can throw before the device is involved (Comm's checks of dtype,
+      // device and size ran when the op was issued) ----
       if (op.type == OpType::Send || op.type == OpType::Recv || op.type == OpType::SendRecv)
         nccl_check_p2p_tag(op.tag, what);
-      // Whichever buffers the op has: none for barrier, only `send` for send, only `recv` for recv.
-      for (const torch::Tensor* t : {&op.send, &op.recv})
-        if (t->defined()) check_device_tensor(*t, device(), what);
       pad_uneven(op);
       call.type = op.type;
       call.reduce = op.reduce;
@@ -230,7 +220,7 @@ class EngineComm : public Comm {
       for (const torch::Tensor* t : {&op.send, &op.recv})
         if (t->defined() && !(t == &op.recv && op.recv.is_same(op.send))) e->keep.push_back(*t);
       e->finish = std::move(op.finish);
-      enter_device(e);  // throws if the comm was aborted
+      enter_device(e->where, e);  // throws if the comm was aborted
     } catch (...) {
       mark_finished(rec, false);  // a record never stays pending for an op that never ran
       throw;
@@ -253,18 +243,29 @@ class EngineComm : public Comm {
     return Work(work);
   }
 
-  // Registers `e` as launching (its deadline runs from here: a launch that blocks in the device
-  // counts against the op's timeout) and notes that a thread is inside the device layer.
-  void enter_device(const std::shared_ptr<Entry>& e) {
+  // A thread is about to enter the device layer (a launch, or a split when `e` is null). Throws
+  // if the comm was aborted. A launch's entry is registered as launching, its deadline running
+  // from here: a launch that blocks in the device counts against the op's timeout.
+  void enter_device(const std::string& at, const std::shared_ptr<Entry>& e) {
     std::lock_guard<std::mutex> lock(core_->mu);
     if (core_->aborted)
-      throw Error(e->where + "this comm was aborted after an earlier failure: " + core_->error);
+      throw Error(at + "this comm was aborted after an earlier failure: " + core_->error);
+    inside_device_ = true;
+    if (!e) return;
     e->state = Entry::State::Launching;
     e->in_device = true;
     e->deadline = now_seconds() + options_.timeout_s;
     core_->inflight.push_back(e);
-    inside_device_ = true;
     core_->changed.notify_all();
+  }
+
+  // Under core mu: the thread left the device layer. Returns whether an abort fell due meanwhile
+  // (the caller runs it, outside the lock).
+  bool left_device() {
+    inside_device_ = false;
+    const bool run_abort = abort_deferred_;
+    abort_deferred_ = false;
+    return run_abort;
   }
 
   // The launch is back from the device: run an abort that came due meanwhile, adopt the device
@@ -274,9 +275,7 @@ class EngineComm : public Comm {
     bool run_abort = false;
     {
       std::lock_guard<std::mutex> lock(core_->mu);
-      inside_device_ = false;
-      run_abort = abort_deferred_;
-      abort_deferred_ = false;
+      run_abort = left_device();
       e->in_device = false;
       e->dev = std::move(dev);
       if (e->state == Entry::State::Launching && !failed_launch) e->state = Entry::State::Pending;
@@ -305,13 +304,11 @@ class EngineComm : public Comm {
   Work launch_split(Op& op) {
     OpRecord& rec = *op.record;
     const std::string at = where(rec);
-    {
-      std::lock_guard<std::mutex> lock(core_->mu);
-      if (core_->aborted) {
-        mark_finished(rec, false);
-        throw Error(at + "this comm was aborted after an earlier failure: " + core_->error);
-      }
-      inside_device_ = true;
+    try {
+      enter_device(at, nullptr);
+    } catch (...) {
+      mark_finished(rec, false);
+      throw;
     }
     mark_started(rec);
     std::unique_ptr<DeviceLayer> child;
@@ -326,9 +323,7 @@ class EngineComm : public Comm {
     bool run_abort = false;
     {
       std::lock_guard<std::mutex> lock(core_->mu);
-      inside_device_ = false;
-      run_abort = abort_deferred_;
-      abort_deferred_ = false;
+      run_abort = left_device();
     }
     if (run_abort) abort_device();
     mark_finished(rec, !failed);
@@ -375,7 +370,7 @@ class EngineComm : public Comm {
     }
     const double now = now_seconds();
     std::vector<std::shared_ptr<Entry>> started, done, let_go;
-    std::shared_ptr<Entry> culprit;
+    std::shared_ptr<Entry> culprit, oldest_unresolved;
     std::string failure;
     bool idle_checked = false, idle = false;
     for (auto& e : entries) {
@@ -413,6 +408,7 @@ class EngineComm : public Comm {
         done.push_back(e);
         continue;
       }
+      if (!oldest_unresolved) oldest_unresolved = e;
       if (!failure.empty()) continue;
       if (state == Entry::State::Pending && st == DeviceOp::Status::Failed) {
         failure = e->where + error + "; the communicator was aborted";
@@ -440,13 +436,8 @@ class EngineComm : public Comm {
         if (!device_aborted_) async = device_->async_error();
       }
       if (!async.empty()) {
-        failure = where_comm() + async + "; the communicator was aborted";
-        for (auto& e : entries)
-          if (e->state != Entry::State::Failed) {
-            culprit = e;
-            failure = e->where + async + "; the communicator was aborted";
-            break;
-          }
+        culprit = oldest_unresolved;
+        failure = (culprit ? culprit->where : where_comm()) + async + "; the communicator was aborted";
       }
     }
 
@@ -469,7 +460,7 @@ class EngineComm : public Comm {
     {
       std::lock_guard<std::mutex> lock(core_->mu);
       for (auto& e : entries)
-        if (!e->claimed && (ok ? !core_->aborted : true)) {
+        if (!e->claimed && (!ok || !core_->aborted)) {
           e->claimed = true;
           mine.push_back(e);
         }

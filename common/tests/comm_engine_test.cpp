@@ -492,7 +492,7 @@ TEST_F(Engine, ADeviceErrorAbortsTheComm) {
   Fault fault;
   fault.fail = true;
   log->plan = for_op(1, fault);
-  auto c = make();
+  auto c = make(5);  // the only op fails: a missed failure shows as its timeout instead
   EXPECT_THAT(error_of([&] { c->all_reduce(torch::ones({2})); }),
               AllOf(HasSubstr("all_reduce #1 on comm 'eng'"), HasSubstr("injected device error"),
                     HasSubstr("the communicator was aborted")));
@@ -503,7 +503,7 @@ TEST_F(Engine, AnAsynchronousErrorAbortsTheComm) {
   Fault fault;
   fault.never = true;
   log->plan = for_op(1, fault);
-  auto c = make();
+  auto c = make(5);  // the only op fails: a missed failure shows as its timeout instead
   Work w = c->broadcast_async(torch::ones({2}), 0);
   {
     std::lock_guard<std::mutex> lock(log->mu);
@@ -602,6 +602,11 @@ TEST_F(Engine, ErrorsBeforeTheDeviceLeaveNothingPending) {
     EXPECT_THAT(error_of([&] { c->send(torch::ones({1}), (r + 1) % n, 7); }),
                 HasSubstr("tag 7 is not supported by the nccl backend"));
   }
+  // A tensor on another device than the comm's (here: meta, on a CPU comm; on a GPU: a CPU
+  // tensor on an NCCL comm) never reaches the device layer.
+  EXPECT_THAT(error_of([&] { c->all_reduce(torch::empty({2}, torch::kMeta)); }),
+              AllOf(HasSubstr("tensor is on meta but comm 'eng' (nccl backend) moves cpu tensors"),
+                    HasSubstr("move the tensor with .to()")));
   EXPECT_THAT(c->pending_ops(), ::testing::IsEmpty());
   c->barrier();  // the comm still works
 }

@@ -1,5 +1,5 @@
 // dtl/comm_nccl.hpp — defines: nccl_compiled, nccl_version_string, make_nccl_comm,
-// cuda_device_count, nccl_check_distinct_gpus, nccl_check_tensor, nccl_check_p2p_tag (the GPU
+// cuda_device_count, nccl_check_distinct_gpus, nccl_check_p2p_tag (the GPU
 // backend of Comm: the engine in comm_engine.cpp over the device layer in comm_nccl.cpp, which is
 // compiled when CUDA + NCCL >= 2.10 are found; comm_nccl_stub.cpp otherwise).
 //
@@ -90,16 +90,6 @@ inline void nccl_check_distinct_gpus(const std::vector<std::string>& uuids, int 
         rank_prefix(), it->second, r, uuids[r],
         visible ? fmt::format(" (CUDA_VISIBLE_DEVICES={} here)", visible) : "", local_ranks));
   }
-}
-// Every tensor: CUDA, on this comm's device.
-inline void nccl_check_tensor(const torch::Tensor& t, int device_index, const char* op) {
-  DTL_CHECK(t.is_cuda(), fmt::format("{}: tensor is on {} but the nccl backend moves CUDA tensors "
-                                     "(use --backend mpi for CPU tensors, or .to(comm.device()), "
-                                     "here cuda:{})",
-                                     op, t.device().str(), device_index));
-  DTL_CHECK(t.device().index() == device_index,
-            fmt::format("{}: tensor is on {} but this rank's NCCL comm uses cuda:{}", op,
-                        t.device().str(), device_index));
 }
 // send/recv/sendrecv tags: only 0. NCCL matches messages between two ranks by issue order.
 inline void nccl_check_p2p_tag(int tag, const char* op) {
