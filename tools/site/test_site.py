@@ -10,8 +10,9 @@ it) and drives headless Chromium through Selenium:
   2. every link of every page that stays on the site names a page or file of the site, and its
      #anchor exists in that page;
   3. the search box finds a word every lab uses;
-  4. screenshots of a lab page and of the figures page, checked: the window's size, not blank
-     (enough colours, enough non-white pixels), and one figure rendered as an element.
+  4. screenshots of a lab page (its top, and scrolled to its first figure) and of the figures
+     page, checked: the window's size, not blank (enough colours, enough non-white pixels),
+     and one figure rendered as an element.
 
 Screenshots are written to --shots. Exit status 0 when everything holds.
 
@@ -215,6 +216,15 @@ def main():
             shot = args.shots / "lab-page.png"
             driver.save_screenshot(str(shot))
             problems += check_png(shot, vw, vh, f"screenshot of {args.lab_page}")
+            figs = driver.find_elements(By.CSS_SELECTOR, "article img[src$='.svg']")
+            if not figs:
+                problems.append(f"{args.lab_page}: no figure")
+            else:  # the handout at its figure, as a reader scrolls to it
+                driver.execute_script("arguments[0].scrollIntoView();", figs[0])
+                time.sleep(0.2)
+                shot = args.shots / "lab-page-figure.png"
+                driver.save_screenshot(str(shot))
+                problems += check_png(shot, vw, vh, f"screenshot of {args.lab_page} at its figure")
             load(driver, base + args.figure_page)
             shot = args.shots / "figure-page.png"
             driver.save_screenshot(str(shot))
