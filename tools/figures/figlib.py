@@ -49,7 +49,8 @@ def load(path):
 
 
 def machine(ranks=None):
-    """'Intel Xeon ... (2 cores), Linux, 4 ranks': where a measurement was taken."""
+    """'Intel Xeon ... (2 cores), Linux, 4 ranks, load average 1.2 when drawn': where a
+    measurement was taken."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -62,6 +63,10 @@ def machine(ranks=None):
     out = f"{cpu} ({cores} core{'s' if cores != 1 else ''}), {platform.system()}"
     if ranks:
         out += f", {ranks} rank{'s' if ranks != 1 else ''}"
+    try:  # what else the machine was doing: a loaded machine stretches every timing
+        out += f", load average {os.getloadavg()[0]:.1f} when drawn"
+    except OSError:
+        pass
     return out
 
 
