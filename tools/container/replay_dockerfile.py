@@ -12,7 +12,8 @@ release: the debian:12 image is debootstrap's minbase variant of bookworm). Then
 --checkout, the repository's tracked files are copied where the dev container mounts them
 (the final WORKDIR, owned by the final USER), and COMMAND runs there as that user: e.g.
 `./lab grade 01`. /proc, /sys, /dev, /dev/pts and a 1 GiB /dev/shm (docker run --shm-size=1g)
-are mounted for the duration and unmounted after. Needs root. Not a container: no namespaces,
+are mounted for the duration and unmounted after; /etc/resolv.conf and an /etc/hosts naming
+localhost are written as a container runtime would. Needs root. Not a container: no namespaces,
 no cgroups, the host's kernel and network.
 """
 
@@ -66,7 +67,12 @@ class Mounts:
             cmd = ["mount"] + (["-t", kind] if kind else []) + opts + [src, str(target)]
             subprocess.run(cmd, check=True)
             self.done.append(target)
+        # What a container runtime provides: the host's resolver, and an /etc/hosts that names
+        # localhost (debootstrap writes none; Selenium reaches chromedriver through it).
         shutil.copyfile("/etc/resolv.conf", self.rootfs / "etc/resolv.conf")
+        hosts = self.rootfs / "etc/hosts"
+        if "localhost" not in (hosts.read_text() if hosts.exists() else ""):
+            hosts.write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
         return self
 
     def __exit__(self, *exc):
