@@ -213,30 +213,31 @@ def main():
             vw, vh = driver.execute_script("return [window.innerWidth, window.innerHeight]")
             if vw != WIDTH:
                 problems.append(f"viewport {vw} px wide, the window asked for {WIDTH}")
-            shot = args.shots / "lab-page.png"
-            driver.save_screenshot(str(shot))
-            problems += check_png(shot, vw, vh, f"screenshot of {args.lab_page}")
-            figs = driver.find_elements(By.CSS_SELECTOR, "article img[src$='.svg']")
-            if not figs:
-                problems.append(f"{args.lab_page}: no figure")
-            else:  # the handout at its figure, as a reader scrolls to it
-                driver.execute_script("arguments[0].scrollIntoView();", figs[0])
-                time.sleep(0.2)
-                shot = args.shots / "lab-page-figure.png"
+
+            def shoot(name, what):
+                shot = args.shots / name
                 driver.save_screenshot(str(shot))
-                problems += check_png(shot, vw, vh, f"screenshot of {args.lab_page} at its figure")
-            load(driver, base + args.figure_page)
-            shot = args.shots / "figure-page.png"
-            driver.save_screenshot(str(shot))
-            problems += check_png(shot, vw, vh, f"screenshot of {args.figure_page}")
-            figs = driver.find_elements(By.CSS_SELECTOR, "article img[src$='.svg']")
-            if not figs:
-                problems.append(f"{args.figure_page}: no figure")
-            else:
+                return check_png(shot, vw, vh, f"screenshot of {what}")
+
+            def first_figure(page):
+                """Scrolls to the page's first figure and returns it (None: a problem)."""
+                figs = driver.find_elements(By.CSS_SELECTOR, "article img[src$='.svg']")
+                if not figs:
+                    problems.append(f"{page}: no figure")
+                    return None
                 driver.execute_script("arguments[0].scrollIntoView();", figs[0])
                 time.sleep(0.2)
+                return figs[0]
+
+            problems += shoot("lab-page.png", args.lab_page)
+            if first_figure(args.lab_page):  # the handout at its figure, as a reader scrolls
+                problems += shoot("lab-page-figure.png", f"{args.lab_page} at its figure")
+            load(driver, base + args.figure_page)
+            problems += shoot("figure-page.png", args.figure_page)
+            fig = first_figure(args.figure_page)
+            if fig:
                 shot = args.shots / "figure.png"
-                figs[0].screenshot(str(shot))
+                fig.screenshot(str(shot))
                 w, h = Image.open(shot).size
                 problems += check_png(shot, 0, 0, f"the first figure of {args.figure_page}")
                 if w < 300 or h < 150:
