@@ -343,7 +343,7 @@ AuditResult audit_objects(const std::vector<std::string>& objects, const AuditPo
       // Weak definitions are what every TU emits for the inline functions and templates of the
       // headers it uses (at::Tensor::~Tensor, std::vector<Foo>::push_back): allowed when they
       // belong to an allowed library and replace nothing that library defines (checked below).
-      if (weak && any_match(allow_cpp, q) && !rejected(q, raw)) continue;
+      if (weak && (any_match(allow_cpp, q) || lifted(q, raw)) && !rejected(q, raw)) continue;
       if (weak && starts_with(name, "guard variable for ")) continue;
       // RTTI of a compound type (typeinfo of "void (*)(torch::autograd::Node*)", which an autograd
       // Function's header code emits) has no qualified name; it is data, and harmless.
@@ -353,7 +353,7 @@ AuditResult audit_objects(const std::vector<std::string>& objects, const AuditPo
       // std::exception&)): allowed when that type's library is.
       if (weak && starts_with(raw, "DW.ref._ZTI")) {
         const std::string caught = qualified_name(demangle(raw.substr(7)));
-        if (any_match(allow_cpp, caught) && !rejected(caught, raw)) continue;
+        if ((any_match(allow_cpp, caught) || lifted(caught, raw)) && !rejected(caught, raw)) continue;
       }
       reject(
           fmt::format("defines {} outside namespace dtl::lab{} (keep helpers in the lab's "

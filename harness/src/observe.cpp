@@ -193,8 +193,9 @@ torch::Tensor get_tensor(Reader& r, const torch::Tensor& like) {
     if (s != 0 && numel > (int64_t{1} << 40) / s) throw std::runtime_error("implausible size");
     numel *= s;
   }
+  // The bytes must be there before anything is allocated: the sizes are the worker's word.
+  const char* bytes = r.raw(static_cast<size_t>(numel) * c10::elementSize(dtype));
   auto out = torch::empty(sizes, torch::TensorOptions().dtype(dtype));
-  const char* bytes = r.raw(out.nbytes());
   if (out.nbytes() > 0) std::memcpy(out.data_ptr(), bytes, out.nbytes());
   // On the driver's device, as the driver's own value was (a CUDA run compares on the GPU).
   return like.defined() ? out.to(like.device()) : out;
