@@ -2,7 +2,8 @@
 # make_submissions.sh OUT_DIR: writes crafted lab-03 submissions, one directory each, derived
 # from the reference and the skeleton at test time (so they follow the lab as it evolves).
 # Honest ones:
-#   correct     the reference, plus files outside the allow-list -> full marks, files ignored
+#   correct     the reference with honest standard-library code (threads, shared mutexes, timed
+#               waits, fstreams), plus files outside the allow-list -> full marks, files ignored
 #   skeleton    the untouched skeleton                    -> 0, "not started" (nothing built);
 #                                                            with --all: 0, "not implemented"
 #   nocompile   the reference plus a pointer to the private -> 0, "does not compile"
@@ -48,8 +49,6 @@
 #   cheat-report-noaudit  the skeleton, plus gtest's fake reporter swallowing every failure of
 #                   its own run (graded with the audit off)                   -> 0: the driver
 #                   finds no value where the tests observe one
-#   honest-std      the reference with std::thread, std::shared_mutex, timed waits on a
-#                   condition variable and a timed mutex, std::ofstream        -> full marks
 #   honest-lab17    lab 17's reference with std::ifstream / std::ofstream       -> full marks
 #   honest-lab18    lab 18's reference with std::shared_mutex and timed waits   -> full marks
 set -euo pipefail
@@ -61,7 +60,7 @@ f=ring_allreduce.cpp
 rm -rf "$out"
 for v in correct skeleton nocompile segv deadlock slow partial cheat-source cheat-object \
          benchcheat localsum destructor daemon-noaudit sleepy flood lab01 cheat-asmlabel \
-         cheat-symlink cheat-process cheat-private cheat-report-noaudit honest-std honest-lab17 \
+         cheat-symlink cheat-process cheat-private cheat-report-noaudit honest-lab17 \
          honest-lab18; do mkdir -p "$out/$v"; done
 
 cp "$ref" "$out/correct/$f"
@@ -359,7 +358,7 @@ int selftest_honest_files(const std::string& path) {
   return x;
 }
 }  // namespace dtl::lab{LAB}'
-{ cat "$ref"; echo "${honest_std//\{LAB\}/03}"; } >"$out/honest-std/$f"
+{ cat "$ref"; echo "${honest_std//\{LAB\}/03}"; } >"$out/correct/$f"
 { cat "$root/solutions/17_checkpoint_resume/checkpoint.cpp"; echo "${honest_std//\{LAB\}/17}"; } \
   >"$out/honest-lab17/checkpoint.cpp"
 { cat "$root/solutions/18_debugging/debug.cpp"; echo "${honest_std//\{LAB\}/18}"; } \

@@ -6,11 +6,22 @@
 # stops share a submission, and each must be named in its findings).
 # Runs in CI through ctest (label grading). To stay within minutes it reuses one scratch
 # build for all submissions (DTL_SCRATCH: only the student file recompiles) and grades the
-# ring all-reduce groups at world sizes up to 3, which every crafted failure affects.
+# ring all-reduce group at world sizes up to 2 (3 where a case needs a third rank), which every
+# crafted failure affects.
+#   DTL_SELFTEST_ONLY="segv deadlock"  runs only those cases (and the Gradescope one if named)
+#   DTL_SELFTEST_DIR=DIR               works in DIR and keeps it (logs, results, scratch build)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-work=$(mktemp -d "${TMPDIR:-/tmp}/dtl-grader-selftest-XXXXXX")
-trap 'rm -rf "$work"' EXIT
+if [ -n "${DTL_SELFTEST_DIR:-}" ]; then
+  work=$DTL_SELFTEST_DIR; mkdir -p "$work"
+else
+  work=$(mktemp -d "${TMPDIR:-/tmp}/dtl-grader-selftest-XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+fi
+# The student's user must reach the job directories and binaries beneath (Gradescope's
+# /autograder is world-traversable too).
+chmod 711 "$work"
+want() { [ -z "${DTL_SELFTEST_ONLY:-}" ] || [[ " $DTL_SELFTEST_ONLY " == *" $1 "* ]]; }
 bash "$root/grading/selftest/make_submissions.sh" "$work/subs"
 fails=0
 failed=()
@@ -21,17 +32,19 @@ export DTL_SCRATCH="$work/scratch"
 # Per-test timeout: generous by default, so a loaded machine (the large-size grading test takes
 # 10 s at load 5 on 2 cores) never turns a correct submission into a "hang"; the deadlock
 # variant sets TEST_TIMEOUT=8 to be stopped quickly (and MAX_WORLD=2: fewer hangs to wait for).
-grade() {  # [TEST_TIMEOUT=S] grade VARIANT [lab grade options]
+grade() {  # [TEST_TIMEOUT=S] [MAX_WORLD=N] grade VARIANT [lab grade options]
   local v=$1 start=$SECONDS; shift
+  want "$v" || return 0
   echo "==== $v"
   "$root/lab" grade --submission "$work/subs/$v" --json "$work/$v.json" \
     --test-timeout "${TEST_TIMEOUT:-30}" \
-    --max-world "${MAX_WORLD:-3}" --only-groups "ring all-reduce" "$@" >"$work/$v.log" 2>&1
+    --max-world "${MAX_WORLD:-2}" --only-groups "ring all-reduce" "$@" >"$work/$v.log" 2>&1
   tail -n 12 "$work/$v.log"
   echo "($v graded in $((SECONDS - start)) s)"
 }
 expect() {  # expect VARIANT CONDITION MESSAGE: CONDITION is evaluated by dtl-grade --check
   local v=$1 cond=$2
+  want "${v%%-lab*}" || want "$v" || return 0
   if "$root/build/bin/dtl-grade" --check "$work/$v.json" --expect "$cond" >>"$work/$v.log" 2>&1; then
     echo "ok   $v: $cond"
   else
@@ -42,6 +55,9 @@ expect() {  # expect VARIANT CONDITION MESSAGE: CONDITION is evaluated by dtl-gr
 
 grade correct --perf-rounds 2
 expect correct "score == max"
+# Honest standard-library code (threads, shared mutexes, timed waits, fstreams) is part of it:
+# full marks, and the file I/O appears in the integrity report only.
+expect correct "output contains 'does file I/O'"
 expect correct "output contains 'ignored (not in the allow-list): grader_hack.cpp notes.txt'"
 # One interleaved round each for the clear-cut performance cases (0.3x, a wrong result); the
 # honest submission gets two, so noise cannot push it under the 0.8 threshold.
@@ -53,7 +69,8 @@ expect slow "reason contains 'x the reference'"
 grade skeleton --no-perf
 expect skeleton "score == 0"
 expect skeleton "reason contains 'not started'"
-if grep -q "nothing to build" "$work/skeleton.log" && ! grep -q "building lab 03" "$work/skeleton.log"; then
+if ! want skeleton; then :
+elif grep -q "nothing to build" "$work/skeleton.log" && ! grep -q "building lab 03" "$work/skeleton.log"; then
   echo "ok   skeleton: nothing built"
 else
   echo "FAIL skeleton: the untouched skeleton was built"; fails=$((fails + 1)); failed+=("skeleton: built")
@@ -69,7 +86,7 @@ grade nocompile --no-perf
 expect nocompile "score == 0"
 expect nocompile "reason contains 'does not compile'"
 expect nocompile "output contains 'launch'"
-grade segv --no-perf
+MAX_WORLD=3 grade segv --no-perf
 expect segv "score > 0"
 expect segv "score < max"
 expect segv "reason contains 'crashed at n=3'"
@@ -90,7 +107,7 @@ expect cheat-source "reason contains 'rejected by the code audit'"
 for finding in "uses compiler attributes" "includes <gtest/gtest-spi.h>" "../../grading/03_ring_allreduce"; do
   expect cheat-source "output contains '$finding'"
 done
-if grep -q "building lab 03" "$work/cheat-source.log"; then
+if want cheat-source && grep -q "building lab 03" "$work/cheat-source.log"; then
   echo "FAIL cheat-source: compiled although its sources were rejected"; fails=$((fails + 1))
   failed+=("cheat-source: compiled")
 fi
@@ -104,13 +121,14 @@ for finding in "calls std::basic_ofstream" "calls atexit" "calls MPI_Allreduce" 
   expect cheat-object "output contains '$finding'"
 done
 # A static destructor runs after main returns, after the report: the test main never returns.
-grade destructor --no-perf
+MAX_WORLD=1 grade destructor --no-perf
 expect destructor "correctness == correctness_max"
 # A daemon that escaped its session, with the audit off: the grader kills what its commands leave.
-grade daemon-noaudit --no-perf --no-audit
+MAX_WORLD=1 grade daemon-noaudit --no-perf --no-audit
 expect daemon-noaudit "correctness == correctness_max"
 # (This self-test's own processes only: their command lines hold its scratch directory.)
-if pgrep -f "$work/.*lab03_(test|grade|bench)_student" >/dev/null; then
+if ! want daemon-noaudit; then :
+elif pgrep -f "$work/.*lab03_(test|grade|bench)_student" >/dev/null; then
   echo "FAIL daemon-noaudit: a student process outlived grading"; fails=$((fails + 1))
   failed+=("daemon-noaudit: survived"); pkill -KILL -f "$work/.*lab03_(test|grade|bench)_student"
 else
@@ -119,24 +137,24 @@ fi
 
 # ...and these by what the grader measures.
 start=$SECONDS
-grade benchcheat --perf-rounds 1
+MAX_WORLD=1 grade benchcheat --perf-rounds 1
 expect benchcheat "correctness == correctness_max"
 expect benchcheat "performance == 0"
 expect benchcheat "output contains 'wrong result'"
-if [ $((SECONDS - start)) -gt 90 ]; then
+if want benchcheat && [ $((SECONDS - start)) -gt 90 ]; then
   echo "FAIL benchcheat: a nearly free call took $((SECONDS - start)) s to benchmark"; fails=$((fails + 1))
   failed+=("benchcheat: slow")
 fi
-grade localsum --perf-rounds 1
+MAX_WORLD=1 grade localsum --perf-rounds 1
 expect localsum "correctness == correctness_max"
 expect localsum "performance == 0"
 expect localsum "output contains 'wrong result'"
 
 echo '{"03": 1}' >"$work/times.json"
-grade sleepy --no-perf --reference-times "$work/times.json" --budget-min 10
+MAX_WORLD=1 grade sleepy --no-perf --reference-times "$work/times.json" --budget-min 10
 expect sleepy "score < max"
 expect sleepy "output contains 'time budget of 10 s for lab 03 used up'"
-grade flood --no-perf --output-limit-mb 8
+MAX_WORLD=1 grade flood --no-perf --output-limit-mb 8
 expect flood "score == 0"
 expect flood "reason contains 'output reached the limit of 8 MiB'"
 
@@ -147,6 +165,7 @@ expect cheat-asmlabel "reason contains 'asm label'"
 # The object-level check: a symbol whose name is a shell command is rejected by name, and no
 # shell ever sees it (the old audit ran it).
 marker=/tmp/dtl-selftest-pwned-$$
+if want cheat-asmlabel; then
 cat >"$work/label.cpp" <<CPP
 namespace dtl::lab03 {
 extern "C" int selftest_data __asm__("\\"';touch $marker;'\\"");
@@ -164,40 +183,42 @@ if c++ -fno-pic -c "$work/label.cpp" -o "$work/label.o" 2>"$work/label.log"; the
 else
   echo "skip asm label in an object (this assembler refuses the name: $(head -c 200 "$work/label.log"))"
 fi
+fi
 grade cheat-symlink --no-perf
 expect cheat-symlink "score == 0"
 expect cheat-symlink "output contains 'symbolic link'"
 expect cheat-symlink "output contains 'Expected'"
-grade cheat-process --no-perf
+MAX_WORLD=1 grade cheat-process --no-perf
 expect cheat-process "score == 0"
 expect cheat-process "output contains 'starts or reaches processes'"
 grade cheat-private --no-perf
 expect cheat-private "score == 0"
 expect cheat-private "output contains 'redefined access specifier'"
 expect cheat-private "output contains 'explicit instantiation on a member pointer'"
-grade cheat-report-noaudit --no-perf --no-audit
+MAX_WORLD=1 grade cheat-report-noaudit --no-perf --no-audit
 expect cheat-report-noaudit "score == 0"
-grade honest-std --no-perf
-expect honest-std "score == max"
-expect honest-std "output contains 'does file I/O'"
 for lab in 17 18; do
+  want "honest-lab$lab" || continue
   echo "==== honest-lab$lab"
   "$root/lab" grade --submission "$work/subs/honest-lab$lab" --json "$work/honest-lab$lab.json" --no-perf \
-    --test-timeout 60 --max-world 2 --only-groups "Task 1" >"$work/honest-lab$lab.log" 2>&1
+    --test-timeout 60 --max-world 1 --only-groups "Task 1" >"$work/honest-lab$lab.log" 2>&1
   tail -n 6 "$work/honest-lab$lab.log"
   expect "honest-lab$lab" "score == max"
 done
 
 # Another lab in the same scratch build: it must be configured for that lab, not report "does not
 # compile" because the first lab's DTL_ONLY_LABS stayed.
+if want lab01; then
 echo "==== lab01"
 "$root/lab" grade --submission "$work/subs/lab01" --json "$work/lab01.json" --no-perf \
-  --test-timeout 30 --max-world 2 >"$work/lab01.log" 2>&1
+  --test-timeout 30 --max-world 1 >"$work/lab01.log" 2>&1
 tail -n 4 "$work/lab01.log"
+fi
 expect lab01 "score == max"
 
 # Gradescope, end to end: run_autograder on a tree laid out as Gradescope lays it out, as root
 # with the unprivileged user when the CI runs as root (as Gradescope does).
+if want gradescope; then
 ag="$work/autograder"
 mkdir -p "$ag/submission"
 cp "$work/subs/correct/ring_allreduce.cpp" "$ag/submission/"
@@ -227,6 +248,8 @@ expect misnamed "score == 0"
 expect misnamed "reason contains 'Expected'"
 expect misnamed "reason contains 'ring_allreduce.cpp'"
 expect misnamed "reason contains 'Received: ring_all_reduce.cc'"
+
+fi
 
 echo "grader self-test: $fails failure(s) in $SECONDS s"
 for f in "${failed[@]}"; do echo "  FAILED $f"; done
