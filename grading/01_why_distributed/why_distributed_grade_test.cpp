@@ -12,13 +12,13 @@
 #include "dtl/data.hpp"            // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/error.hpp"           // defines: dtl::Error, dtl::NotImplemented
 #include "dtl/harness/checks.hpp"  // defines: DTL_EXPECT_PARAMS_CLOSE, flat_params, flat_grads
+#include "tests/why_distributed_test_util.hpp"  // defines: observed(StateBytes)
 #include "why_distributed.hpp"
 
 namespace dtl::lab01 {
 namespace {
 
 using dtl::testing::expect_error_mentions;
-
 
 TEST(ParamCountGrading, EveryCombinationOfOptions) {
   int checked = 0;
@@ -38,7 +38,7 @@ TEST(ParamCountGrading, EveryCombinationOfOptions) {
               c.bias = bias;
               c.tied_head = tied;
               GPT model(c);
-              EXPECT_EQ(param_count(c), model::num_parameters(*model)) << c.to_string();
+              EXPECT_EQ(OBSERVE(param_count(c)), model::num_parameters(*model)) << c.to_string();
               ++checked;
             }
   EXPECT_EQ(checked, 64);
@@ -65,41 +65,47 @@ TEST(FlopsGrading, MoreHandComputedConfigs) {
   c.n_layer = 1;
   c.n_head = 1;
   c.d_model = 8;
-  EXPECT_EQ(param_count(c), 1352);
-  EXPECT_DOUBLE_EQ(flops_per_token(c), 6.0 * 1352 + 12.0 * 1 * 8 * 8);  // 8880
+  EXPECT_EQ(OBSERVE(param_count(c)), 1352);
+  EXPECT_DOUBLE_EQ(OBSERVE(flops_per_token(c)), 6.0 * 1352 + 12.0 * 1 * 8 * 8);  // 8880
   // The 7B model: attention is 12*32*4096*4096 = 6.4 GFLOP of 47 GFLOP per token at 4k context.
-  EXPECT_DOUBLE_EQ(flops_per_token(GPTConfig::llama2_7b_like()), 46975205376.0);
+  EXPECT_DOUBLE_EQ(OBSERVE(flops_per_token(GPTConfig::llama2_7b_like())), 46975205376.0);
   // Doubling the context adds 12 L d T more attention FLOPs and 6 * S * d for the positions.
   GPTConfig longer = c;
   longer.seq_len = 16;
-  EXPECT_DOUBLE_EQ(flops_per_token(longer) - flops_per_token(c), 6.0 * 8 * 8 + 12.0 * 8 * 8);
+  const double f_longer = OBSERVE(flops_per_token(longer)), f = OBSERVE(flops_per_token(c));
+  EXPECT_DOUBLE_EQ(f_longer - f, 6.0 * 8 * 8 + 12.0 * 8 * 8);
 }
 
 TEST(StateBytesGrading, RealModels) {
   const int64_t n175 = 174604259328LL, n7 = 6755459072LL;
-  const StateBytes g = training_state_bytes(GPTConfig::gpt3_175b(), Precision::kFP32, OptimizerKind::kAdamW);
+  const StateBytes g = observed(
+      training_state_bytes(GPTConfig::gpt3_175b(), Precision::kFP32, OptimizerKind::kAdamW));
   EXPECT_EQ(g.params, 4 * n175);
   EXPECT_EQ(g.grads, 4 * n175);
   EXPECT_EQ(g.master, 0);
   EXPECT_EQ(g.optimizer, 8 * n175);
   EXPECT_EQ(g.total(), 16 * n175);
   // Megatron's distributed-optimizer table: bf16 params + fp32 grads, Adam: 18 bytes/param.
-  EXPECT_EQ(
-      training_state_bytes(GPTConfig::llama2_7b_like(), Precision::kMixedBF16FP32Grads, OptimizerKind::kAdamW)
-          .total(),
-      18 * n7);
-  EXPECT_EQ(
-      training_state_bytes(GPTConfig::llama2_7b_like(), Precision::kMixedBF16, OptimizerKind::kSGD).total(),
-      8 * n7);
-  EXPECT_EQ(
-      training_state_bytes(GPTConfig::llama2_7b_like(), Precision::kFP32, OptimizerKind::kSGDMomentum).total(),
-      12 * n7);
+  EXPECT_EQ(observed(training_state_bytes(GPTConfig::llama2_7b_like(),
+                                          Precision::kMixedBF16FP32Grads, OptimizerKind::kAdamW))
+                .total(),
+            18 * n7);
+  EXPECT_EQ(observed(training_state_bytes(GPTConfig::llama2_7b_like(), Precision::kMixedBF16,
+                                          OptimizerKind::kSGD))
+                .total(),
+            8 * n7);
+  EXPECT_EQ(observed(training_state_bytes(GPTConfig::llama2_7b_like(), Precision::kFP32,
+                                          OptimizerKind::kSGDMomentum))
+                .total(),
+            12 * n7);
 }
 
 TEST(MfuGrading, LinearAndRejectsNonFinite) {
   const GPTConfig c = GPTConfig::tiny();
-  EXPECT_DOUBLE_EQ(mfu(3000.0, c, 2e9), 3 * mfu(1000.0, c, 2e9));
-  EXPECT_DOUBLE_EQ(mfu(1000.0, c, 2e9), 0.5 * mfu(1000.0, c, 1e9));
+  const double m3000 = OBSERVE(mfu(3000.0, c, 2e9)), m1000 = OBSERVE(mfu(1000.0, c, 2e9));
+  const double m1000_1e9 = OBSERVE(mfu(1000.0, c, 1e9));
+  EXPECT_DOUBLE_EQ(m3000, 3 * m1000);
+  EXPECT_DOUBLE_EQ(m1000, 0.5 * m1000_1e9);
   const double inf = std::numeric_limits<double>::infinity();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   expect_error_mentions([&] { mfu(1.0, c, -5.0); }, "peak_flops");
@@ -123,7 +129,7 @@ TEST(TrainStepGrading, MatchesAHandDrivenAdamW) {
   auto opt = make_adamw(*model, oc), expected_opt = make_adamw(*expected, oc);
   for (int64_t step = 0; step < 4; ++step) {
     const torch::Tensor batch = sampler.global_batch_at(step).to(testing::device());
-    const float loss = train_step(model, *opt, batch);
+    const float loss = OBSERVE(train_step(model, *opt, batch));
     expected_opt->zero_grad();
     torch::Tensor ref = expected->loss(batch);
     ref.backward();
@@ -145,7 +151,7 @@ TEST(TrainStepGrading, ShortSequencesAndSingleRow) {
   // One row of 5 tokens (T = 4 < seq_len): legal, the model uses the first 4 positions.
   const torch::Tensor batch =
       data::SyntheticCorpus(cfg.vocab_size, 9).sequence(0, 5).unsqueeze(0).to(testing::device());
-  const float loss = train_step(model, sgd, batch);
+  const float loss = OBSERVE(train_step(model, sgd, batch));
   torch::Tensor ref = expected->loss(batch);
   ref.backward();
   EXPECT_NEAR(loss, ref.item<float>(), 1e-6);

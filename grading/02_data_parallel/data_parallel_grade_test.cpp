@@ -72,10 +72,10 @@ TEST(ShardGrading, RejectsBadArguments) {
 TEST(ShardGrading, LargeOddSizes) {
   const int64_t rows = 1000003;  // prime
   const int world = 7;           // 1000003 = 7 * 142857 + 4
-  EXPECT_EQ(shard_range(rows, 0, world).size(), 142858);
-  EXPECT_EQ(shard_range(rows, 3, world).end, 4 * 142858);
-  EXPECT_EQ(shard_range(rows, 4, world).size(), 142857);
-  EXPECT_EQ(shard_range(rows, 6, world).end, rows);
+  EXPECT_EQ(OBSERVE(shard_range(rows, 0, world).size()), 142858);
+  EXPECT_EQ(OBSERVE(shard_range(rows, 3, world).end), 4 * 142858);
+  EXPECT_EQ(OBSERVE(shard_range(rows, 4, world).size()), 142857);
+  EXPECT_EQ(OBSERVE(shard_range(rows, 6, world).end), rows);
 }
 
 TEST(AverageGradientsGrading, RejectsBadCounts) {
@@ -106,10 +106,10 @@ TEST(AverageGradientsGrading, FrozenParametersAreSkipped) {
     dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), *comm);
   int64_t trainable = 0;
   for (const auto& p : model->parameters()) trainable += p.requires_grad() ? 1 : 0;
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].count, 2 * trainable)
+  EXPECT_EQ(MEASURED(comm->stats())[OpType::AllReduce].count, 2 * trainable)
       << "one all-reduce per parameter that requires grad";
   for (const auto& name : frozen)
-    EXPECT_FALSE(model->named_parameters()[name].grad().defined())
+    EXPECT_FALSE(OBSERVE(model->named_parameters()[name].grad().defined()))
         << name << " is frozen: it must not get a gradient";
   DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 2e-5);
 }
@@ -152,7 +152,7 @@ TEST(DataParallelGrading, TrainsOnASubCommunicator) {
   const double ring = 2.0 * (group->size() - 1) / group->size();
   int64_t grad_bytes = 0;
   for (const auto& p : model->parameters()) grad_bytes += 4 * p.numel();
-  EXPECT_NEAR(group->stats()[OpType::AllReduce].wire_bytes, 2 * ring * grad_bytes,
+  EXPECT_NEAR(MEASURED(group->stats())[OpType::AllReduce].wire_bytes, 2 * ring * grad_bytes,
               1e-6 * grad_bytes);
 }
 
@@ -178,11 +178,12 @@ TEST(DataParallelGrading, ReportsTheLocalLossBeforeTheUpdate) {
       if (rows > 0) expected = probe->loss(global.narrow(0, begin, rows)).item<double>();
     }
     const StepStats st = dp_train_step(model, *opt, global, W());
-    EXPECT_EQ(st.local_rows, rows);
-    EXPECT_NEAR(st.loss, expected, 1e-5) << "mean loss of this rank's rows, before the step";
-    EXPECT_GE(st.compute_seconds, 0.0);
-    EXPECT_GE(st.comm_seconds, 0.0);
-    EXPECT_GE(st.optimizer_seconds, 0.0);
+    EXPECT_EQ(OBSERVE(st.local_rows), rows);
+    EXPECT_NEAR(OBSERVE(st.loss), expected, 1e-5)
+        << "mean loss of this rank's rows, before the step";
+    EXPECT_GE(MEASURED(st.compute_seconds), 0.0);
+    EXPECT_GE(MEASURED(st.comm_seconds), 0.0);
+    EXPECT_GE(MEASURED(st.optimizer_seconds), 0.0);
   }
 }
 

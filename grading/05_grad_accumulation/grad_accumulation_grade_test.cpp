@@ -27,8 +27,8 @@ using dtl::testing::expect_error_mentions;
 TEST(GradeClosedForms, GlobalBatchOfRealRuns) {
   // GPT-3 175B: 1536 sequences of 2048 tokens, e.g. 1536 data-parallel ranks x 1 x 1, or with
   // tensor x pipeline parallelism 8 x 8 on 1536 GPUs, 24 data-parallel ranks x 1 x 64.
-  EXPECT_EQ(global_batch(24, 1, 64), 1536);
-  EXPECT_EQ(global_batch(1, 1, 1), 1);
+  EXPECT_EQ(OBSERVE(global_batch(24, 1, 64)), 1536);
+  EXPECT_EQ(OBSERVE(global_batch(1, 1, 1)), 1);
   expect_error_mentions([] { global_batch(-3, 1, 1); }, "world=-3");
   expect_error_mentions([] { global_batch(1, 0, 0); }, "micro=0");  // the first broken one
 }
@@ -41,9 +41,9 @@ TEST(GradeClosedForms, ScalingRulesAtTheirEdges) {
   expect_error_mentions([] { sqrt_scaled_lr(-1e-3, 16, 32); }, "base_lr=-0.001");
   expect_error_mentions([] { linear_scaled_lr(1e-3, 16, -2); }, "batch=-2");
   // Batch 16 -> 1024: linear 64 x, sqrt 8 x.
-  EXPECT_NEAR(linear_scaled_lr(6e-4, 16, 1024) / 6e-4, 64.0, 1e-12);
-  EXPECT_NEAR(sqrt_scaled_lr(6e-4, 16, 1024) / 6e-4, 8.0, 1e-12);
-  EXPECT_NEAR(sqrt_scaled_lr(1.0, 3, 1), 1.0 / std::sqrt(3.0), 1e-15);
+  EXPECT_NEAR(OBSERVE(linear_scaled_lr(6e-4, 16, 1024)) / 6e-4, 64.0, 1e-12);
+  EXPECT_NEAR(OBSERVE(sqrt_scaled_lr(6e-4, 16, 1024)) / 6e-4, 8.0, 1e-12);
+  EXPECT_NEAR(OBSERVE(sqrt_scaled_lr(1.0, 3, 1)), 1.0 / std::sqrt(3.0), 1e-15);
 }
 
 TEST(GradeClosedForms, ScheduleEdges) {
@@ -55,18 +55,18 @@ TEST(GradeClosedForms, ScheduleEdges) {
   s.total_steps = 3;
   s.min_lr_ratio = 0.0;
   // Batch 8: peak 1e-3; no warm-up: cosine over 3 steps, 1e-3, 5e-4, 0.
-  EXPECT_NEAR(scheduled_lr(s, 8, 0), 1e-3, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 8, 1), 5e-4, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 8, 2), 0.0, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 8, 0)), 1e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 8, 1)), 5e-4, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 8, 2)), 0.0, 1e-15);
   // Warm-up as long as the run: a ramp that ends at the peak.
   s.warmup_steps = 3;
   s.scaling = LrScaling::Linear;
-  EXPECT_NEAR(scheduled_lr(s, 64, 0), 4e-3 / 3, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 64, 2), 4e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 0)), 4e-3 / 3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 2)), 4e-3, 1e-15);
   // One step in all.
   s.warmup_steps = 0;
   s.total_steps = 1;
-  EXPECT_NEAR(scheduled_lr(s, 64, 0), 4e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 0)), 4e-3, 1e-15);
   s.min_lr_ratio = 1.5;
   expect_error_mentions([&] { scheduled_lr(s, 64, 0); }, "min_lr_ratio=1.5");
   s.min_lr_ratio = 0.1;
@@ -79,9 +79,10 @@ TEST(GradeClosedForms, ScheduleEdges) {
 }
 
 TEST(GradeClosedForms, LossScales) {
-  EXPECT_NEAR(micro_batch_loss_scale(16, 16, 1), 1.0, 1e-15) << "one micro-batch, one rank";
-  EXPECT_NEAR(micro_batch_loss_scale(1, 3, 2), 2.0 / 3, 1e-15);
-  EXPECT_NEAR(micro_batch_loss_scale(5, 1000, 8), 0.04, 1e-15);
+  EXPECT_NEAR(OBSERVE(micro_batch_loss_scale(16, 16, 1)), 1.0, 1e-15)
+      << "one micro-batch, one rank";
+  EXPECT_NEAR(OBSERVE(micro_batch_loss_scale(1, 3, 2)), 2.0 / 3, 1e-15);
+  EXPECT_NEAR(OBSERVE(micro_batch_loss_scale(5, 1000, 8)), 0.04, 1e-15);
   expect_error_mentions([] { micro_batch_loss_scale(1, 4, -1); }, "world=-1");
   expect_error_mentions([] { micro_batch_loss_scale(1, -4, 1); }, "global_rows=-4");
 }
@@ -150,7 +151,8 @@ TEST(GradeTrainer, DataParallelGroupOfASubCommunicator) {
   const TrainedRun run = run_trainer(*group, cfg, sampler, 2, o, sgd());
   DTL_EXPECT_CLOSE(run.params.cpu(), expected.cpu(), 1e-4, 1e-6)
       << "group " << color << " of " << group->size() << " ranks, global batch 7, accum 2";
-  EXPECT_EQ(world->stats()[OpType::AllReduce].count, 0) << "all traffic on the group's Comm";
+  EXPECT_EQ(MEASURED(world->stats())[OpType::AllReduce].count, 0)
+      << "all traffic on the group's Comm";
 }
 
 // A rejected step leaves the trainer usable: the next valid step is step 0 with step 0's lr,
@@ -176,12 +178,12 @@ TEST(GradeTrainer, ARejectedStepChangesNothingAndTrainingGoesOn) {
   expect_error_mentions([&] { trainer.step(short_batch); }, "empty micro-batch");
   expect_error_mentions([&] { trainer.step(short_batch.to(torch::kFloat32)); }, "global_batch");
   expect_error_mentions([&] { trainer.step(torch::Tensor()); }, "global_batch");
-  EXPECT_EQ(comm->stats().total_count(), 0);
-  EXPECT_TRUE(ddp.require_sync());
+  EXPECT_EQ(MEASURED(comm->stats()).total_count(), 0);
+  EXPECT_TRUE(OBSERVE(ddp.require_sync()));
   for (int s = 0; s < 2; ++s) {
-    const StepStats st = trainer.step(sampler.global_batch_at(s).to(device()));
+    const StepStats st = observed(trainer.step(sampler.global_batch_at(s).to(device())));
     EXPECT_EQ(st.step, s);
-    EXPECT_TRUE(ddp.require_sync()) << "no NoSync guard may outlive a step";
+    EXPECT_TRUE(OBSERVE(ddp.require_sync())) << "no NoSync guard may outlive a step";
   }
   DTL_EXPECT_CLOSE(dtl::testing::flat_params(*model).cpu(), expected.cpu(), 1e-4, 2e-5);
 }

@@ -32,11 +32,13 @@ using ::testing::HasSubstr;
 bool on_cpu() { return dtl::Runtime::get().device().is_cpu(); }
 
 using dtl::lab06::testing::config;
+using dtl::lab06::testing::measured;
+using dtl::lab06::testing::observed;
 
 struct Step {
-  int64_t baseline = 0;
+  int64_t baseline = 0;  // baseline and m: the figures of the student's process (MEASURED)
   Measured m;
-  int64_t saved = 0;  // live bytes forward + loss left behind, on a second fresh model
+  int64_t saved = 0;  // live bytes forward + loss left behind, on a fresh common model (oracle)
 };
 
 Step measure_step(const GPTConfig& cfg, int64_t B, int64_t T, OptimizerKind opt) {
@@ -49,7 +51,7 @@ Step measure_step(const GPTConfig& cfg, int64_t B, int64_t T, OptimizerKind opt)
     torch::Tensor loss = model->loss(batch);
     s.saved = static_cast<int64_t>(dtl::memory::current_bytes()) - before;
   }
-  s.baseline = static_cast<int64_t>(dtl::memory::current_bytes());
+  s.baseline = MEASURED(static_cast<int64_t>(dtl::memory::current_bytes()));
   GPT model(cfg);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (opt == OptimizerKind::kAdamW)
@@ -57,7 +59,7 @@ Step measure_step(const GPTConfig& cfg, int64_t B, int64_t T, OptimizerKind opt)
   else
     optimizer =
         std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-2));
-  s.m = dtl::lab06::measure(model, *optimizer, batch);
+  s.m = measured(dtl::lab06::measure(model, *optimizer, batch));
   return s;
 }
 
@@ -73,11 +75,11 @@ TEST(GradeState, UntiedNoBiasCustomFfIsExactForBothOptimizers) {
   c.d_ff = 72;
   {
     GPT model(c);
-    EXPECT_EQ(dtl::lab06::parameter_count(c), dtl::model::num_parameters(*model));
+    EXPECT_EQ(OBSERVE(dtl::lab06::parameter_count(c)), dtl::model::num_parameters(*model));
   }
   for (OptimizerKind o : {OptimizerKind::kSGD, OptimizerKind::kAdamW}) {
     const Step s = measure_step(c, 2, 24, o);
-    const Breakdown b = dtl::lab06::estimate(c, 2, 24, Precision::kFP32, o);
+    const Breakdown b = observed(dtl::lab06::estimate(c, 2, 24, Precision::kFP32, o));
     EXPECT_EQ(s.m.before - s.baseline, b.params) << to_string(o);
     EXPECT_GE(s.m.after - s.baseline, b.state()) << to_string(o);
     EXPECT_LE(s.m.after - s.baseline, b.state() + 1024) << to_string(o);
@@ -103,7 +105,7 @@ TEST(GradeEstimate, ActivationsAndPeakWhereEachTermDominates) {
       {"T below the context", config(3, 32, 4, 64, 64), 4, 40, OptimizerKind::kAdamW},
   };
   for (const Case& k : cases) {
-    const Breakdown b = dtl::lab06::estimate(k.cfg, k.B, k.T, Precision::kFP32, k.opt);
+    const Breakdown b = observed(dtl::lab06::estimate(k.cfg, k.B, k.T, Precision::kFP32, k.opt));
     const Step s = measure_step(k.cfg, k.B, k.T, k.opt);
     EXPECT_PRED3(within, double(s.saved), double(b.activations + b.logits), 0.15)
         << k.what << ": activations measured " << s.saved << ", predicted "
@@ -119,16 +121,17 @@ TEST(GradeEstimate, Llama2SevenBInBf16) {
   // 2 d f (MLP) + 4 d (two LayerNorms), the final LayerNorm 2 d. No biases.
   const int64_t d = 4096, f = 16512, V = 32000, S = 4096, L = 32;
   const int64_t N = 2 * V * d + S * d + L * (4 * d * d + 2 * d * f + 4 * d) + 2 * d;
-  EXPECT_EQ(dtl::lab06::parameter_count(c), N);
+  EXPECT_EQ(OBSERVE(dtl::lab06::parameter_count(c)), N);
   const Breakdown b =
-      dtl::lab06::estimate(c, 1, 4096, Precision::kMixedBF16, OptimizerKind::kAdamW);
+      observed(dtl::lab06::estimate(c, 1, 4096, Precision::kMixedBF16, OptimizerKind::kAdamW));
   EXPECT_EQ(b.params, 2 * N);
   EXPECT_EQ(b.grads, 2 * N);
   EXPECT_EQ(b.master, 4 * N);
   EXPECT_EQ(b.optimizer, 8 * N);
   EXPECT_EQ(b.state(), 16 * N);  // ~108 GB: the state alone does not fit an 80 GB GPU
   const int64_t per_layer = 2 * (4096 * (8 * d + 2 * f) + 32LL * 4096 * 4096);
-  EXPECT_EQ(dtl::lab06::activation_bytes_per_layer(c, 1, 4096, Precision::kMixedBF16), per_layer);
+  EXPECT_EQ(OBSERVE(dtl::lab06::activation_bytes_per_layer(c, 1, 4096, Precision::kMixedBF16)),
+            per_layer);
   EXPECT_EQ(b.activations, L * per_layer + 2 * 2 * 4096 * d);
   EXPECT_EQ(b.logits, 2 * 4096 * V);
   EXPECT_GE(b.peak, b.params + b.activations + b.logits);
@@ -151,15 +154,15 @@ TEST(GradeEstimate, EveryBadInputWord) {
 TEST(GradeTable, RowsAndMeasuredColumns) {
   const GPTConfig c = config(2, 32, 2, 64, 16);
   const Breakdown b = dtl::lab06::estimate(c, 2, 16, Precision::kMixedBF16, OptimizerKind::kAdamW);
-  const std::string t = dtl::lab06::breakdown_table(b);
+  const std::string t = OBSERVE(dtl::lab06::breakdown_table(b));
   for (const char* row : {"params", "grads", "master", "optimizer", "activations", "peak"})
     EXPECT_THAT(t, HasSubstr(row));
-  EXPECT_THAT(t, HasSubstr(dtl::memory::format_bytes(double(b.master))));
+  EXPECT_THAT(t, HasSubstr(dtl::memory::format_bytes(double(observed(b).master))));
   Measured m;
   m.before = 500 + b.params;
   m.after = 500 + b.state();
   m.peak = 500 + b.peak / 2;
-  EXPECT_THAT(dtl::lab06::breakdown_table(b, &m, 500), HasSubstr("0.500"));
+  EXPECT_THAT(OBSERVE(dtl::lab06::breakdown_table(b, &m, 500)), HasSubstr("0.500"));
 }
 
 TEST(GradeLimit, TheOutOfMemoryMessageCarriesTheBreakdown) {
@@ -176,6 +179,7 @@ TEST(GradeLimit, TheOutOfMemoryMessageCarriesTheBreakdown) {
     msg = e.what();
   }
   dtl::memory::set_limit(0);
+  msg = MEASURED(msg);  // the student's process ran out of memory, or did not
   EXPECT_THAT(msg, HasSubstr("limit")) << "no dtl::OutOfMemory at 90% of the predicted peak";
   EXPECT_THAT(msg, HasSubstr("peak"));
 }

@@ -99,9 +99,9 @@ TEST(GradeHierarchical, OnASubCommunicator) {
   const int n = sub->size();
   for (int k : layouts(n)) {
     Hierarchy h(*sub, k);
-    EXPECT_EQ(h.local().rank(), sub->rank() % k);
-    EXPECT_EQ(h.cross().rank(), sub->rank() / k);
-    EXPECT_EQ(h.local().world_ranks().front(), 1 + (sub->rank() / k) * k);
+    EXPECT_EQ(OBSERVE(h.local().rank()), sub->rank() % k);
+    EXPECT_EQ(OBSERVE(h.cross().rank()), sub->rank() / k);
+    EXPECT_EQ(OBSERVE(h.local().world_ranks().front()), 1 + (sub->rank() / k) * k);
     expect_matches_builtin(*sub, k, contribution(17, torch::kInt64), ReduceOp::Sum,
                            "sub-Comm, k=" + std::to_string(k));
   }
@@ -136,7 +136,7 @@ TEST(GradeHierarchical, ADestroyedCommDoesNotHandItsHierarchyToANewOne) {
     auto t = torch::full({6}, comm->rank() + 1, device_options(torch::kInt64));
     dtl::lab07::hierarchical_all_reduce(*comm, n, t);
     DTL_EXPECT_EQUAL(t, torch::full({6}, n * (n + 1) / 2, device_options(torch::kInt64))) << "round " << round;
-    EXPECT_GE(comm->stats()[OpType::Split].count, 1)
+    EXPECT_GE(MEASURED(comm->stats())[OpType::Split].count, 1)
         << "round " << round << ": a new Comm needs its own hierarchy (split of that Comm)";
   }
 }
@@ -175,16 +175,17 @@ TEST(GradeBusBandwidth, EveryOpAtManyPoints) {
     for (int n : {2, 3, 5, 7, 64, 1024})
       for (double t : {1e-6, 0.37, 12.0}) {
         const double S = 123456789.0;
-        const auto b = dtl::lab07::bus_bandwidth(op, S, t, n);
+        const auto b = observed(dtl::lab07::bus_bandwidth(op, S, t, n));
         EXPECT_PRED2(rel_close, b.algbw, S / t);
         EXPECT_PRED3(within_rtol, b.busbw, S / t * dtl::bus_factor(op, n), 1e-12)
             << dtl::to_string(op) << " n=" << n;
       }
   // n = 1, as nccl-tests computes it: factor 0 for the (n-1)/n ops, 1 for reduce and send.
-  EXPECT_EQ(dtl::lab07::bus_bandwidth(OpType::ReduceScatter, 1e6, 1.0, 1).busbw, 0.0);
-  EXPECT_EQ(dtl::lab07::bus_bandwidth(OpType::AllToAll, 1e6, 1.0, 1).busbw, 0.0);
-  EXPECT_PRED2(rel_close, dtl::lab07::bus_bandwidth(OpType::Reduce, 1e6, 1.0, 1).busbw, 1e6);
-  EXPECT_EQ(dtl::lab07::bus_bandwidth(OpType::AllReduce, 0.0, 1.0, 4).busbw, 0.0);
+  EXPECT_EQ(OBSERVE(dtl::lab07::bus_bandwidth(OpType::ReduceScatter, 1e6, 1.0, 1).busbw), 0.0);
+  EXPECT_EQ(OBSERVE(dtl::lab07::bus_bandwidth(OpType::AllToAll, 1e6, 1.0, 1).busbw), 0.0);
+  EXPECT_PRED2(rel_close, OBSERVE(dtl::lab07::bus_bandwidth(OpType::Reduce, 1e6, 1.0, 1).busbw),
+               1e6);
+  EXPECT_EQ(OBSERVE(dtl::lab07::bus_bandwidth(OpType::AllReduce, 0.0, 1.0, 4).busbw), 0.0);
   const double inf = std::numeric_limits<double>::infinity();
   EXPECT_THAT(error_of([&] { dtl::lab07::bus_bandwidth(OpType::AllReduce, inf, 1.0, 4); }),
               HasSubstr("bytes"));
@@ -204,7 +205,7 @@ TEST(GradeFitAlphaBeta, ManySamplesAndLargeSizes) {
     s.push_back({S, 20e-6 + S / 150e9 + 1e-4 * std::sin(1.7 * i)});
   }
   const auto [intercept, slope] = least_squares(s);
-  const auto fit = dtl::lab07::fit_alpha_beta(s);
+  const auto fit = observed(dtl::lab07::fit_alpha_beta(s));
   EXPECT_PRED3(within_rtol, fit.beta, 1 / slope, 1e-9);
   EXPECT_NEAR(fit.alpha, std::max(0.0, intercept), 1e-9);
   // Large sizes close together: 1e12 + 0..4 MB, alpha 10 us, beta 25 GB/s.
@@ -213,7 +214,7 @@ TEST(GradeFitAlphaBeta, ManySamplesAndLargeSizes) {
     const double S = 1e12 + 1e6 * i;
     close.push_back({S, 10e-6 + S / 25e9});
   }
-  const auto f2 = dtl::lab07::fit_alpha_beta(close);
+  const auto f2 = observed(dtl::lab07::fit_alpha_beta(close));
   EXPECT_PRED3(within_rtol, f2.beta, 25e9, 1e-4);
 }
 
@@ -223,26 +224,26 @@ TEST(GradeCostModel, ManyTopologiesAndTheChooser) {
       for (double S : {0.0, 1.0, 4096.0, 3e6, 13.5e9}) {
         const Topology t{{3e-6, 150e9}, {12e-6, 12.5e9}, k, m};
         const double f = expected_flat(t, S), h = expected_hierarchical(t, S);
-        EXPECT_PRED3(within_rtol, dtl::lab07::flat_ring_time(t, S), f, 1e-9)
+        EXPECT_PRED3(within_rtol, OBSERVE(dtl::lab07::flat_ring_time(t, S)), f, 1e-9)
             << "k=" << k << " m=" << m << " S=" << S;
-        EXPECT_PRED3(within_rtol, dtl::lab07::hierarchical_time(t, S), h, 1e-9)
+        EXPECT_PRED3(within_rtol, OBSERVE(dtl::lab07::hierarchical_time(t, S)), h, 1e-9)
             << "k=" << k << " m=" << m << " S=" << S;
+        const auto pick = OBSERVE(dtl::lab07::choose_algorithm(t, S));
         const auto expected_pick = h < f * (1 - 1e-6)   ? AllReduceAlgorithm::Hierarchical
                                    : f < h * (1 - 1e-6) ? AllReduceAlgorithm::FlatRing
                                    : (k == 1 || m == 1 || S == 0.0)
                                        ? AllReduceAlgorithm::FlatRing  // the same ring: a tie
-                                       : dtl::lab07::choose_algorithm(t, S);  // too close to call
-        EXPECT_EQ(dtl::lab07::choose_algorithm(t, S), expected_pick)
-            << "k=" << k << " m=" << m << " S=" << S;
+                                       : pick;                         // too close to call
+        EXPECT_EQ(pick, expected_pick) << "k=" << k << " m=" << m << " S=" << S;
       }
   // One rank in all: nothing to do.
   const Topology one{{1e-6, 1e9}, {1e-6, 1e9}, 1, 1};
-  EXPECT_EQ(dtl::lab07::flat_ring_time(one, 1e9), 0.0);
-  EXPECT_EQ(dtl::lab07::hierarchical_time(one, 1e9), 0.0);
+  EXPECT_EQ(OBSERVE(dtl::lab07::flat_ring_time(one, 1e9)), 0.0);
+  EXPECT_EQ(OBSERVE(dtl::lab07::hierarchical_time(one, 1e9)), 0.0);
   // One rank per node: no intra-node link needed.
   const Topology spread{{}, {1e-6, 1e9}, 1, 4};
-  EXPECT_PRED2(rel_close, dtl::lab07::hierarchical_time(spread, 1e9),
-               dtl::lab07::flat_ring_time(spread, 1e9));
+  const double spread_hier = OBSERVE(dtl::lab07::hierarchical_time(spread, 1e9));
+  EXPECT_PRED2(rel_close, spread_hier, OBSERVE(dtl::lab07::flat_ring_time(spread, 1e9)));
   Topology bad{{1e-6, -1.0}, {1e-6, 1e9}, 2, 2};
   EXPECT_THAT(error_of([&] { dtl::lab07::flat_ring_time(bad, 1e9); }), HasSubstr("beta"));
   bad = Topology{{1e-6, 1e9}, {-1.0, 1e9}, 2, 2};

@@ -30,7 +30,7 @@ TEST(GradeOperators, ScatterThenGatherIsTheIdentity) {
   const torch::Tensor x = base.t().detach().requires_grad_(true);  // [5, 6n], non-contiguous
   ASSERT_FALSE(x.is_contiguous());
   const torch::Tensor s = scatter_to_tp(x, *comm);
-  EXPECT_EQ(s.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(OBSERVE(s.scalar_type()), torch::kFloat64);
   const torch::Tensor y = gather_from_tp(s, *comm);
   DTL_EXPECT_EQUAL(y, x);
   const torch::Tensor g = same_input({5, 6 * n}, 51).to(torch::kFloat64);
@@ -58,12 +58,12 @@ TEST(GradeOperators, TpOfOneCommunicatesNothing) {
   auto self = dtl::world().split(dtl::world().rank(), 0);
   ASSERT_EQ(self->size(), 1);
   const torch::Tensor x = rank_input({3, 4}).requires_grad_(true);
-  const auto before = self->stats();
+  const auto before = measured_stats(*self);
   torch::Tensor y = gather_from_tp(scatter_to_tp(reduce_from_tp(copy_to_tp(x, *self), *self), *self), *self);
   DTL_EXPECT_EQUAL(y, x);
   y.sum().backward();
   DTL_EXPECT_EQUAL(x.grad(), torch::ones({3, 4}, device_options()));
-  EXPECT_EQ(self->stats().total_count() - before.total_count(), 0);
+  EXPECT_EQ(measured_stats(*self).total_count() - before.total_count(), 0);
 }
 
 // Parameters are copies: training the shards must not write into the full weight or the full
@@ -77,10 +77,12 @@ TEST(GradeLayers, ParametersAreLeafCopies) {
   RowParallelLinear row(s->weight, s->bias, *comm, false);
   for (torch::nn::Module* layer : {static_cast<torch::nn::Module*>(col.get()),
                                    static_cast<torch::nn::Module*>(row.get())}) {
-    ASSERT_EQ(layer->named_parameters().size(), 2u) << layer->name();
+    ASSERT_EQ(OBSERVE(layer->named_parameters().size()), 2u) << layer->name();
     for (const auto& p : layer->named_parameters()) {
-      EXPECT_TRUE(p.value().is_leaf() && p.value().requires_grad()) << layer->name() << " " << p.key();
-      EXPECT_EQ(p.value().device(), s->weight.device()) << layer->name() << " " << p.key();
+      EXPECT_TRUE(OBSERVE(p.value().is_leaf() && p.value().requires_grad()))
+          << layer->name() << " " << p.key();
+      EXPECT_EQ(OBSERVE(p.value().device().str()), s->weight.device().str())
+          << layer->name() << " " << p.key();
       torch::NoGradGuard no_grad;
       p.value().fill_(7.0);
     }
@@ -125,14 +127,14 @@ TEST(GradeLayers, CommunicationOfTheFlags) {
   if (comm->size() == 1) GTEST_SKIP() << "nothing to communicate at tp 1";
   torch::nn::Linear s = serial_linear(kIn, kOut, true, 80);
   ColumnParallelLinear col(s->weight, s->bias, *comm, true);
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor x = same_input({2, kIn}, 81).requires_grad_(true);
   col(x).sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), 1) << "gather_output: one all-gather";
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 1) << "backward: x's gradient";
   torch::nn::Linear t = serial_linear(kIn, kOut, false, 82);
   RowParallelLinear row(t->weight, torch::Tensor(), *comm, false);
-  before = comm->stats();
+  before = measured_stats(*comm);
   const torch::Tensor z = same_input({2, kIn}, 83).requires_grad_(true);
   row(z).sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 1) << "forward: the partial sums";

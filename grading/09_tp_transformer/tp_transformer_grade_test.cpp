@@ -40,7 +40,7 @@ TEST(GradeCrossEntropy, DoublesTargetsOfOneRankAndViews) {
   ASSERT_FALSE(local.is_contiguous());
   const torch::Tensor loss = vocab_parallel_cross_entropy(local, targets, *comm);
   const torch::Tensor expected = torch::nn::functional::cross_entropy(full, targets);
-  EXPECT_EQ(loss.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(OBSERVE(loss.scalar_type()), torch::kFloat64);
   DTL_EXPECT_CLOSE(loss, expected, 1e-12, 1e-12);
   (loss * 0.3).backward();
   (expected * 0.3).backward();
@@ -53,7 +53,7 @@ TEST(GradeEmbedding, IdsOfOneRankAndDoubles) {
   const int64_t V = 24, d = 6;
   const torch::Tensor full = same_input({V, d}, 31).to(torch::kFloat64);
   VocabParallelEmbedding emb(full, *comm);
-  EXPECT_EQ(emb->weight.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(OBSERVE(emb->weight.scalar_type()), torch::kFloat64);
   const int64_t owned = V / comm->size();
   const torch::Tensor idx = same_tokens(4, 9, owned, 32);  // ids in [0, V/tp): rank 0's
   const torch::Tensor table = full.clone().requires_grad_(true);

@@ -25,22 +25,22 @@ TEST(GradeSimulate, LargerPipelinesOtherCosts) {
     for (int64_t m : {int64_t{p}, int64_t{4 * p}})
       for (int v : {1, 2, 4}) {
         const Schedule s = v == 1 ? one_f_one_b(p, m) : interleaved(p, m, v);
-        EXPECT_NEAR(simulate(s, v, costs).bubble, bubble_formula(p, m, v), 1e-12)
+        EXPECT_NEAR(OBSERVE(simulate(s, v, costs).bubble), bubble_formula(p, m, v), 1e-12)
             << "p=" << p << " m=" << m << " v=" << v;
       }
-  EXPECT_NEAR(simulate(gpipe(16, 64), 1, costs).bubble, bubble_formula(16, 64, 1), 1e-12);
+  EXPECT_NEAR(OBSERVE(simulate(gpipe(16, 64), 1, costs).bubble), bubble_formula(16, 64, 1), 1e-12);
 }
 
 // Fewer micro-batches than ranks: the warm-up is capped, the bubble is still the formula.
 TEST(GradeSimulate, FewerMicroBatchesThanRanks) {
   for (int64_t m : {1, 2, 3}) {
     const SimResult r = simulate(one_f_one_b(4, m), 1, Costs{});
-    EXPECT_NEAR(r.bubble, bubble_formula(4, m, 1), 1e-12) << "m=" << m;
-    EXPECT_EQ(r.peak_in_flight[0], m);
-    EXPECT_EQ(text(one_f_one_b(4, m)[0], 1), text(gpipe(4, m)[0], 1))
+    EXPECT_NEAR(OBSERVE(r.bubble), bubble_formula(4, m, 1), 1e-12) << "m=" << m;
+    EXPECT_EQ(OBSERVE(r.peak_in_flight).at(0), m);
+    EXPECT_EQ(observed(one_f_one_b(4, m), 1).at(0), observed(gpipe(4, m), 1).at(0))
         << "with m <= p - 1 rank 0 only warms up and drains";
   }
-  EXPECT_EQ(text(interleaved(2, 2, 2)[1], 2), "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0")
+  EXPECT_EQ(observed(interleaved(2, 2, 2), 2).at(1), "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0")
       << "m == p: all warm-up";
 }
 

@@ -23,20 +23,24 @@ using dtl::lab14::shard_size;
 
 TEST(GradeFormulas, MorePoints) {
   for (int64_t numel : {0, 1, 7, 64, 1000003})
-    for (int world : {1, 2, 3, 5, 8}) EXPECT_EQ(shard_size(numel, world), (numel + world - 1) / world);
+    for (int world : {1, 2, 3, 5, 8})
+      EXPECT_EQ(OBSERVE(shard_size(numel, world)), (numel + world - 1) / world);
   // The Megatron distributed optimizer's fp32 case: 16 bytes per parameter vs 8 + 8 / d.
   const std::vector<int64_t> psi = {1'000'000'000};
-  EXPECT_EQ(model_state_bytes(0, psi, 8).total(), 16'000'000'000);
-  EXPECT_EQ(model_state_bytes(1, psi, 8).total(), 8'000'000'000 + 1'000'000'000);
+  EXPECT_EQ(observed(model_state_bytes(0, psi, 8)).total(), 16'000'000'000);
+  EXPECT_EQ(observed(model_state_bytes(1, psi, 8)).total(), 8'000'000'000 + 1'000'000'000);
   // N_d = 1024 (the paper's last column, mixed precision): 30.1 / 15.1 / 0.12 GB for 7.5B.
   const std::vector<int64_t> big = {7'500'000'000};
-  EXPECT_NEAR(model_state_bytes(1, big, 1024, Precision::mixed_adam()).total() / 1e9, 30.1, 0.05);
-  EXPECT_NEAR(model_state_bytes(2, big, 1024, Precision::mixed_adam()).total() / 1e9, 15.1, 0.05);
-  EXPECT_NEAR(model_state_bytes(3, big, 1024, Precision::mixed_adam()).total() / 1e9, 0.117, 0.001);
+  EXPECT_NEAR(observed(model_state_bytes(1, big, 1024, Precision::mixed_adam())).total() / 1e9,
+              30.1, 0.05);
+  EXPECT_NEAR(observed(model_state_bytes(2, big, 1024, Precision::mixed_adam())).total() / 1e9,
+              15.1, 0.05);
+  EXPECT_NEAR(observed(model_state_bytes(3, big, 1024, Precision::mixed_adam())).total() / 1e9,
+              0.117, 0.001);
   // Many units: padding is per unit.
   const std::vector<int64_t> units = {1, 1, 1, 1, 1};
-  EXPECT_EQ(model_state_bytes(3, units, 4).total(), 16 * 5);
-  EXPECT_EQ(model_state_bytes(1, units, 4).params, 4 * 20);
+  EXPECT_EQ(observed(model_state_bytes(3, units, 4)).total(), 16 * 5);
+  EXPECT_EQ(observed(model_state_bytes(1, units, 4)).params, 4 * 20);
 }
 
 // One test per stage (GradeZeroStage1.* ... GradeZeroStage3.*): each task earns its points alone.
@@ -117,11 +121,11 @@ void tied_head_traffic(int stage) {
   GPT model(cfg);
   model->to(device());
   ZeroOptimizer zero(model, *comm, stage, adamw());
-  const int64_t units = static_cast<int64_t>(zero.units().size());
+  const int64_t units = static_cast<int64_t>(OBSERVE(zero.units().size()));
   const int64_t uses = units + 1;  // the embedding twice
   comm->reset_stats();
   zero_step(zero, my_rows(sampler, 0, *comm));
-  const auto st = comm->stats();
+  const auto st = MEASURED(comm->stats());
   EXPECT_EQ(st[OpType::ReduceScatter].count, stage == 1 ? units : uses) << "stage " << stage;
   EXPECT_EQ(st[OpType::AllGather].count, stage == 3 ? 2 * uses : units) << "stage " << stage;
   EXPECT_EQ(st.total_count(), st[OpType::ReduceScatter].count + st[OpType::AllGather].count);
@@ -139,8 +143,8 @@ TEST(GradeZeroStage3, FullParametersGathersAndFreesAgain) {
   model->to(device());
   ZeroOptimizer zero(model, *comm, 3, adamw());
   DTL_EXPECT_EQUAL(zero.full_parameters().cpu(), expected);
-  for (const auto& p : model->parameters()) EXPECT_EQ(p.storage().nbytes(), 0u);
-  EXPECT_EQ(zero.stage(), 3);
+  for (const auto& p : model->parameters()) EXPECT_EQ(OBSERVE(p.storage().nbytes()), 0u);
+  EXPECT_EQ(OBSERVE(zero.stage()), 3);
 }
 
 void measured_tied(int stage) { expect_state_matches_formula(config(3, 32, /*tied=*/true), stage); }

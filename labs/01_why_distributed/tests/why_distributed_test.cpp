@@ -18,8 +18,9 @@
 #include "dtl/error.hpp"           // defines: dtl::Error, dtl::NotImplemented
 #include "dtl/harness/checks.hpp"  // defines: DTL_EXPECT_PARAMS_CLOSE, flat_params, flat_grads
 #include "dtl/memory.hpp"          // defines: current_bytes, format_bytes
-#include "dtl/train.hpp"           // defines: dtl::train_step (the oracle)
 #include "dtl/runtime.hpp"         // defines: world()
+#include "dtl/train.hpp"           // defines: dtl::train_step (the oracle)
+#include "tests/why_distributed_test_util.hpp"  // defines: observed(StateBytes)
 
 namespace dtl::lab01 {
 namespace {
@@ -51,29 +52,29 @@ TEST(ParamCount, EqualsTheModelsRealParameterCount) {
   configs.push_back(odd_ff);
   for (const GPTConfig& c : configs) {
     GPT model(c);
-    EXPECT_EQ(param_count(c), model::num_parameters(*model)) << c.to_string();
+    EXPECT_EQ(OBSERVE(param_count(c)), model::num_parameters(*model)) << c.to_string();
   }
 }
 
 TEST(ParamCount, HandComputed) {
   // tiny: block = 4*32^2 + 2*32*128 + 4*32 (LNs) + (3*32 + 32 + 128 + 32) (biases) = 12704
   //       N = 64*32 + 16*32 + 2*12704 + 2*32 = 28032
-  EXPECT_EQ(param_count(GPTConfig::tiny()), 28032);
+  EXPECT_EQ(OBSERVE(param_count(GPTConfig::tiny())), 28032);
   // untied_no_bias: block = 4*48^2 + 2*48*96 + 4*48 = 18624
   //       N = 100*48 + 24*48 + 3*18624 + 2*48 + 100*48 (untied head) = 66720
-  EXPECT_EQ(param_count(untied_no_bias()), 66720);
+  EXPECT_EQ(OBSERVE(param_count(untied_no_bias())), 66720);
   // GPT-3: 96 x (12 * 12288^2 + 13 * 12288 + 4 * 12288) + 50257*12288 + 2048*12288 + 2*12288
-  EXPECT_EQ(param_count(GPTConfig::gpt3_175b()), 174604259328LL);
-  EXPECT_EQ(param_count(GPTConfig::llama2_7b_like()), 6755459072LL);
+  EXPECT_EQ(OBSERVE(param_count(GPTConfig::gpt3_175b())), 174604259328LL);
+  EXPECT_EQ(OBSERVE(param_count(GPTConfig::llama2_7b_like())), 6755459072LL);
 }
 
 TEST(FlopsPerToken, SixNPlusAttention) {
   // tiny: 6 * 28032 + 12 * 2 * 32 * 16 = 168192 + 12288
-  EXPECT_DOUBLE_EQ(flops_per_token(GPTConfig::tiny()), 180480.0);
+  EXPECT_DOUBLE_EQ(OBSERVE(flops_per_token(GPTConfig::tiny())), 180480.0);
   // untied_no_bias: 6 * 66720 + 12 * 3 * 48 * 24 = 400320 + 41472
-  EXPECT_DOUBLE_EQ(flops_per_token(untied_no_bias()), 441792.0);
+  EXPECT_DOUBLE_EQ(OBSERVE(flops_per_token(untied_no_bias())), 441792.0);
   // GPT-3: 6 * 174604259328 + 12 * 96 * 12288 * 2048 = 1.0476e12 + 2.90e10
-  EXPECT_DOUBLE_EQ(flops_per_token(GPTConfig::gpt3_175b()), 1076616585216.0);
+  EXPECT_DOUBLE_EQ(OBSERVE(flops_per_token(GPTConfig::gpt3_175b())), 1076616585216.0);
 }
 
 // The prediction against reality: the tracking allocator sees every byte torch allocates. After
@@ -84,7 +85,8 @@ TEST(TrainingStateBytes, MatchesWhatTheMemoryTrackerMeasures) {
   GPTConfig cfg = GPTConfig::tiny();
   cfg.d_model = 64;
   cfg.n_head = 4;
-  const StateBytes predicted = training_state_bytes(cfg, Precision::kFP32, OptimizerKind::kAdamW);
+  const StateBytes predicted =
+      observed(training_state_bytes(cfg, Precision::kFP32, OptimizerKind::kAdamW));
   data::SyntheticCorpus corpus(cfg.vocab_size, 5);
   data::GlobalBatchSampler sampler(corpus, 4, cfg.seq_len);
   const torch::Tensor batch = sampler.global_batch_at(0);
@@ -118,7 +120,7 @@ TEST(TrainingStateBytes, EveryPrecisionAndOptimizer) {
       {Precision::kMixedBF16FP32Grads, OptimizerKind::kSGDMomentum, 2, 4, 4, 4},
   };
   for (const Case& k : cases) {
-    const StateBytes s = training_state_bytes(c, k.p, k.o);
+    const StateBytes s = observed(training_state_bytes(c, k.p, k.o));
     const std::string what = std::string("precision ") + to_string(k.p) + ", optimizer " +
                              to_string(k.o);
     EXPECT_EQ(s.params, k.params * n) << what;
@@ -127,17 +129,17 @@ TEST(TrainingStateBytes, EveryPrecisionAndOptimizer) {
     EXPECT_EQ(s.optimizer, k.optimizer * n) << what;
   }
   // The lecture's headline: GPT-3 with mixed-precision AdamW needs 16 B/param = 2.79 TB.
-  const StateBytes g =
-      training_state_bytes(GPTConfig::gpt3_175b(), Precision::kMixedBF16, OptimizerKind::kAdamW);
+  const StateBytes g = observed(
+      training_state_bytes(GPTConfig::gpt3_175b(), Precision::kMixedBF16, OptimizerKind::kAdamW));
   EXPECT_EQ(g.total(), 16 * 174604259328LL);
 }
 
 TEST(Mfu, HandComputed) {
   // 1000 tokens/s x 180480 FLOPs/token on a 1 GFLOP/s machine = 18.048% of peak.
-  EXPECT_DOUBLE_EQ(mfu(1000.0, GPTConfig::tiny(), 1e9), 0.18048);
-  EXPECT_DOUBLE_EQ(mfu(0.0, GPTConfig::tiny(), 1e9), 0.0);
+  EXPECT_DOUBLE_EQ(OBSERVE(mfu(1000.0, GPTConfig::tiny(), 1e9)), 0.18048);
+  EXPECT_DOUBLE_EQ(OBSERVE(mfu(0.0, GPTConfig::tiny(), 1e9)), 0.0);
   // GPT-3 at 140k tokens/s on 1024 A100s (312 TFLOP/s each): 47%.
-  EXPECT_NEAR(mfu(140e3, GPTConfig::gpt3_175b(), 1024 * 312e12), 0.4717, 1e-4);
+  EXPECT_NEAR(OBSERVE(mfu(140e3, GPTConfig::gpt3_175b(), 1024 * 312e12)), 0.4717, 1e-4);
 }
 
 using dtl::testing::expect_error_mentions;
@@ -164,7 +166,7 @@ TEST(TrainStep, IsExactlyForwardBackwardStep) {
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr));
   for (int64_t step = 0; step < 2; ++step) {
     const torch::Tensor batch = sampler.global_batch_at(step).to(testing::device());
-    const float loss = train_step(model, sgd, batch);
+    const float loss = OBSERVE(train_step(model, sgd, batch));
 
     for (auto& p : expected->parameters()) p.mutable_grad() = torch::Tensor();
     torch::Tensor ref_loss = expected->loss(batch);
@@ -204,6 +206,7 @@ TEST(TrainStep, ReachesTheEntropyFloor) {
     losses.push_back(
         train_step(model, *optimizer, sampler.global_batch_at(step).to(testing::device())));
   }
+  losses = OBSERVE(losses);
 
   const double floor = corpus.entropy_rate();
   EXPECT_NEAR(losses.front(), std::log(64.0), 0.3) << "an untrained model is ~uniform";

@@ -49,9 +49,17 @@ std::string where(int64_t rows) {
 // one with fewer rows than ranks (a rank with nothing to do).
 std::vector<int64_t> batch_sizes() { return {8, 5, std::max(1, W().size() - 1)}; }
 
+// A Shard from the code under test, both ends observed (dtl/harness/observe.hpp).
+Shard observed(const Shard& s) {
+  Shard o;
+  o.begin = OBSERVE(s.begin);
+  o.end = OBSERVE(s.end);
+  return o;
+}
+
 TEST(ShardRange, HandoutExamples) {
   auto expect_shard = [](int64_t rows, int rank, int world, int64_t begin, int64_t end) {
-    const Shard s = shard_range(rows, rank, world);
+    const Shard s = observed(shard_range(rows, rank, world));
     EXPECT_EQ(s.begin, begin) << "shard_range(" << rows << ", " << rank << ", " << world << ")";
     EXPECT_EQ(s.end, end) << "shard_range(" << rows << ", " << rank << ", " << world << ")";
   };
@@ -71,7 +79,7 @@ TEST(ShardRange, CoversEveryRowExactlyOnceAndBalances) {
     for (int64_t rows = 0; rows <= 13; ++rows) {
       int64_t next = 0;
       for (int rank = 0; rank < world; ++rank) {
-        const Shard s = shard_range(rows, rank, world);
+        const Shard s = observed(shard_range(rows, rank, world));
         const std::string what = "rows " + std::to_string(rows) + ", rank " + std::to_string(rank) +
                                  " of " + std::to_string(world);
         EXPECT_EQ(s.begin, next) << what << ": shards must be contiguous, in rank order";
@@ -92,10 +100,11 @@ TEST(ShardBatch, ReturnsThisRanksRowsAsAView) {
       const torch::Tensor mine = shard_batch(global, rank, world);
       DTL_EXPECT_EQUAL(mine, global.narrow(0, begin, end - begin))
           << "rank " << rank << " of " << world;
-      EXPECT_EQ(mine.data_ptr(), global[begin].data_ptr()) << "a view, not a copy";
+      EXPECT_TRUE(OBSERVE(mine.data_ptr() == global[begin].data_ptr())) << "a view, not a copy";
     }
   // Fewer rows than ranks: the last ranks get [0, 3] tensors, not an error.
-  EXPECT_EQ(shard_batch(global.narrow(0, 0, 2), 3, 4).sizes().vec(), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(OBSERVE(shard_batch(global.narrow(0, 0, 2), 3, 4).sizes().vec()),
+            (std::vector<int64_t>{0, 3}));
 }
 
 // AdamW for the equality tests. eps 1e-6 instead of 1e-8: Adam divides each update by
@@ -157,7 +166,7 @@ void expect_dp_equals_serial(const GPTConfig& cfg, int64_t rows, int steps,
   const auto [begin, end] = rule(rows, W().rank(), W().size());
   for (int s = 0; s < steps; ++s) {
     const StepStats st = dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), W());
-    EXPECT_EQ(st.local_rows, end - begin) << where(rows) << ", step " << s;
+    EXPECT_EQ(OBSERVE(st.local_rows), end - begin) << where(rows) << ", step " << s;
   }
   const torch::Tensor got = testing::flat_params(*model);
   DTL_EXPECT_PARAMS_CLOSE(*model, expected, rtol, atol) << where(rows) << " after " << steps << " steps";
@@ -205,7 +214,7 @@ TEST(DataParallel, CommunicatesOneAllReducePerParameter) {
   for (int s = 0; s < steps; ++s)
     dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), *comm);
 
-  const CommStats st = comm->stats();
+  const CommStats st = MEASURED(comm->stats());
   EXPECT_EQ(st[OpType::AllReduce].count, steps * n_params) << "one all-reduce per parameter";
   EXPECT_EQ(st.total_count(), st[OpType::AllReduce].count) << "and no other op: " << st.to_string();
   EXPECT_EQ(st[OpType::AllReduce].bytes, steps * grad_bytes) << "every gradient, float32";
@@ -229,9 +238,9 @@ TEST(DataParallel, RanksWithoutRowsStillTrainInLockstep) {
   model->to(device());
   auto opt = dtl::make_adamw(*model, dp_adamw());
   const StepStats st = dp_train_step(model, *opt, sampler.global_batch_at(0).to(device()), W());
-  EXPECT_EQ(st.local_rows, W().rank() == 0 ? 1 : 0);
+  EXPECT_EQ(OBSERVE(st.local_rows), W().rank() == 0 ? 1 : 0);
   if (W().rank() != 0) {
-    EXPECT_EQ(st.loss, 0.0) << "no rows, no loss";
+    EXPECT_EQ(OBSERVE(st.loss), 0.0) << "no rows, no loss";
   }
   DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 2e-5);
   DTL_EXPECT_SAME_ON_ALL_RANKS(testing::flat_params(*model));

@@ -29,19 +29,21 @@ using Buckets = std::vector<std::vector<int64_t>>;
 // ---------------------------------------------------------------- Task 1: assign_buckets
 
 TEST(AssignBuckets, HandoutExample) {
-  EXPECT_EQ(assign_buckets({4, 4, 6, 2, 2}, 3, 8), (Buckets{{4, 3}, {2, 1}, {0}}));
+  EXPECT_EQ(OBSERVE(assign_buckets({4, 4, 6, 2, 2}, 3, 8)), (Buckets{{4, 3}, {2, 1}, {0}}));
 }
 
 TEST(AssignBuckets, SmallCases) {
-  EXPECT_EQ(assign_buckets({}, 1, 1), Buckets{}) << "no parameters, no buckets";
-  EXPECT_EQ(assign_buckets({5}, 100, 100), (Buckets{{0}})) << "what is left is a bucket";
-  EXPECT_EQ(assign_buckets({5, 5, 5}, 1, 1), (Buckets{{2}, {1}, {0}})) << "tiny caps: one each";
-  EXPECT_EQ(assign_buckets({8, 8, 8, 8}, 8, 16), (Buckets{{3}, {2, 1}, {0}}))
+  EXPECT_EQ(OBSERVE(assign_buckets({}, 1, 1)), Buckets{}) << "no parameters, no buckets";
+  EXPECT_EQ(OBSERVE(assign_buckets({5}, 100, 100)), (Buckets{{0}})) << "what is left is a bucket";
+  EXPECT_EQ(OBSERVE(assign_buckets({5, 5, 5}, 1, 1)), (Buckets{{2}, {1}, {0}}))
+      << "tiny caps: one each";
+  EXPECT_EQ(OBSERVE(assign_buckets({8, 8, 8, 8}, 8, 16)), (Buckets{{3}, {2, 1}, {0}}))
       << "a bucket closes when it REACHES its cap (>=)";
-  EXPECT_EQ(assign_buckets({100, 1, 1}, 1000, 1000), (Buckets{{2, 1, 0}}));
-  EXPECT_EQ(assign_buckets({1, 100, 1, 1}, 2, 50), (Buckets{{3, 2}, {1}, {0}}))
+  EXPECT_EQ(OBSERVE(assign_buckets({100, 1, 1}, 1000, 1000)), (Buckets{{2, 1, 0}}));
+  EXPECT_EQ(OBSERVE(assign_buckets({1, 100, 1, 1}, 2, 50)), (Buckets{{3, 2}, {1}, {0}}))
       << "a parameter over the cap gets a bucket of its own";
-  EXPECT_EQ(assign_buckets({0, 0, 4}, 4, 4), (Buckets{{2}, {1, 0}})) << "zero-byte parameters";
+  EXPECT_EQ(OBSERVE(assign_buckets({0, 0, 4}, 4, 4)), (Buckets{{2}, {1, 0}}))
+      << "zero-byte parameters";
 }
 
 // The rule, checked as properties over many random layouts: reverse order, every index once,
@@ -54,10 +56,11 @@ TEST(AssignBuckets, FollowsTheRuleOnRandomLayouts) {
     for (auto& b : bytes) b = 4 * torch::randint(0, 300, {1}).item<int64_t>();
     const int64_t first = 4 * torch::randint(1, 200, {1}).item<int64_t>();
     const int64_t cap = 4 * torch::randint(1, 600, {1}).item<int64_t>();
-    const Buckets got = assign_buckets(bytes, first, cap);
+    const Buckets got = OBSERVE(assign_buckets(bytes, first, cap));
     std::vector<int64_t> order;
     for (size_t b = 0; b < got.size(); ++b) {
       ASSERT_FALSE(got[b].empty()) << "bucket " << b << " is empty";
+      for (int64_t i : got[b]) ASSERT_TRUE(i >= 0 && i < n) << "bucket " << b << ": index " << i;
       const int64_t limit = b == 0 ? first : cap;
       int64_t total = 0;
       for (size_t k = 0; k < got[b].size(); ++k) {
@@ -91,8 +94,9 @@ TEST(VerifyModel, AcceptsTheSameModelWithoutAllReduce) {
   auto comm = fresh_comm();
   GPT model(GPTConfig::tiny());
   verify_model_across_ranks(*model, *comm);
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].count, 0) << comm->stats().to_string();
-  EXPECT_EQ(comm->stats()[OpType::Broadcast].count, 0) << "verify only compares descriptions";
+  const dtl::CommStats st = MEASURED(comm->stats());
+  EXPECT_EQ(st[OpType::AllReduce].count, 0) << st.to_string();
+  EXPECT_EQ(st[OpType::Broadcast].count, 0) << "verify only compares descriptions";
 }
 
 TEST(VerifyModel, EveryRankNamesTheParameterThatDiffers) {
@@ -131,7 +135,8 @@ TEST(DDPConstruction, BroadcastsRankZerosWeights) {
   DistributedDataParallel ddp(model.ptr(), *comm);
   DTL_EXPECT_CLOSE(flat_params(*model).cpu(), rank0, 0, 0);
   DTL_EXPECT_SAME_ON_ALL_RANKS(flat_params(*model));
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].count, 0) << "construction issues no all-reduce";
+  EXPECT_EQ(MEASURED(comm->stats())[OpType::AllReduce].count, 0)
+      << "construction issues no all-reduce";
 }
 
 TEST(DDPConstruction, ManagesTrainableParametersInRegistrationOrder) {
@@ -143,10 +148,11 @@ TEST(DDPConstruction, ManagesTrainableParametersInRegistrationOrder) {
   std::vector<std::string> expected;
   for (const auto& p : model->named_parameters())
     if (p.value().requires_grad()) expected.push_back(p.key());
-  EXPECT_EQ(ddp.parameter_names(), expected) << "trainable parameters, in registration order";
-  ASSERT_EQ(ddp.parameters().size(), expected.size());
+  EXPECT_EQ(OBSERVE(ddp.parameter_names()), expected)
+      << "trainable parameters, in registration order";
+  ASSERT_EQ(OBSERVE(ddp.parameters().size()), expected.size());
   for (size_t i = 0; i < expected.size(); ++i)
-    EXPECT_TRUE(ddp.parameters()[i].is_same(model->named_parameters()[expected[i]]))
+    EXPECT_TRUE(OBSERVE(ddp.parameters()[i].is_same(model->named_parameters()[expected[i]])))
         << "parameters()[" << i << "] must be the module's own tensor " << expected[i];
 }
 
@@ -161,12 +167,13 @@ TEST(DDPConstruction, BucketsFollowTheRule) {
   Chain model(std::vector<int64_t>{8, 16, 16, 4});
   model->to(device());
   DistributedDataParallel ddp(model.ptr(), *comm, caps(200, 1100));
-  EXPECT_EQ(ddp.buckets(), (Buckets{{5, 4}, {3, 2, 1}, {0}}));
-  EXPECT_EQ(ddp.buckets(), assign_buckets(managed_bytes(*model), 200, 1100));
+  EXPECT_EQ(OBSERVE(ddp.buckets()), (Buckets{{5, 4}, {3, 2, 1}, {0}}));
+  // The reference's assign_buckets in the autograder's driver: the rule, as an oracle.
+  EXPECT_EQ(OBSERVE(ddp.buckets()), assign_buckets(managed_bytes(*model), 200, 1100));
 
   // PyTorch's defaults put this whole model into one bucket.
   DistributedDataParallel defaults(model.ptr(), *comm);
-  EXPECT_EQ(defaults.buckets(), (Buckets{{5, 4, 3, 2, 1, 0}}));
+  EXPECT_EQ(OBSERVE(defaults.buckets()), (Buckets{{5, 4, 3, 2, 1, 0}}));
 }
 
 TEST(DDPConstruction, RejectsAModelThatDiffersAcrossRanks) {
@@ -209,7 +216,7 @@ void expect_ddp_equals_serial(int64_t rows, int steps, DDPOptions options, MakeO
   DTL_EXPECT_CLOSE(got, expected, rtol, atol) << where;
   DTL_EXPECT_SAME_ON_ALL_RANKS(got) << where << ": the replicas drifted apart";
   for (const auto& name : frozen)
-    EXPECT_FALSE(model->named_parameters()[name].grad().defined()) << name << " is frozen";
+    EXPECT_FALSE(OBSERVE(model->named_parameters()[name].grad().defined())) << name << " is frozen";
 }
 
 // Several buckets on the tiny GPT (~110 KiB of gradients).
@@ -278,7 +285,8 @@ TEST(DDPTraffic, OneAllReducePerBucketInBucketOrder) {
   model->to(device());
   DistributedDataParallel ddp(model.ptr(), *comm, small_buckets());
   auto opt = dtl::make_adamw(*model);
-  const size_t n_buckets = ddp.buckets().size();
+  const std::vector<int64_t> numels = observed_bucket_numels(ddp);
+  const size_t n_buckets = numels.size();
   ASSERT_GE(n_buckets, 3u) << "the test wants several buckets";
   ASSERT_LE(n_buckets, 15u) << "recent_ops() keeps the last 16 ops";
   int64_t grad_bytes = 0;
@@ -288,17 +296,17 @@ TEST(DDPTraffic, OneAllReducePerBucketInBucketOrder) {
   const int steps = 2;
   for (int s = 0; s < steps; ++s) {
     ddp_step(model, *opt, sampler.global_batch_at(s).to(device()), *comm);
-    const std::vector<OpRecord> ops = all_reduces(comm->recent_ops());
+    const std::vector<OpRecord> ops = measured_all_reduces(*comm);
     ASSERT_GE(ops.size(), n_buckets);
     // The last n_buckets all-reduces are this step's, and they came in bucket order.
     for (size_t b = 0; b < n_buckets; ++b) {
       const OpRecord& r = ops[ops.size() - n_buckets + b];
-      EXPECT_EQ(numel_of(r), bucket_numel(ddp, b))
+      EXPECT_EQ(numel_of(r), numels[b])
           << "step " << s << ": all-reduce #" << b << " should be bucket " << b << "'s buffer";
-      EXPECT_EQ(r.bytes, bucket_numel(ddp, b) * 4) << "float32, like the parameters";
+      EXPECT_EQ(r.bytes, numels[b] * 4) << "float32, like the parameters";
     }
   }
-  const dtl::CommStats st = comm->stats();
+  const dtl::CommStats st = MEASURED(comm->stats());
   EXPECT_EQ(st[OpType::AllReduce].count, static_cast<int64_t>(steps * n_buckets))
       << "exactly one all-reduce per bucket per step: " << st.to_string();
   EXPECT_EQ(st.total_count(), st[OpType::AllReduce].count) << "and nothing else: " << st.to_string();
@@ -319,16 +327,19 @@ TEST(DDPTraffic, FirstBucketIsIssuedBeforeBackwardEnds) {
   GPT model(cfg);
   model->to(device());
   DistributedDataParallel ddp(model.ptr(), *comm, small_buckets());
-  ASSERT_GE(ddp.buckets().size(), 3u);
-  for (int64_t i : ddp.buckets()[0])
-    ASSERT_EQ(ddp.parameter_names()[static_cast<size_t>(i)].rfind("w", 0), std::string::npos)
+  const std::vector<std::vector<std::string>> names = observed_bucket_names(ddp);
+  ASSERT_GE(names.size(), 3u);
+  for (const std::string& name : names[0])
+    ASSERT_EQ(name.rfind("w", 0), std::string::npos)
         << "bucket 0 must not hold an embedding for this test";
 
-  const double embedding_grad_at = backward_marking_the_embedding(model, my_rows(tokens, *comm));
-  const double backward_returned_at = dtl::now_seconds();
+  // Moments on the student's process's clock: measured there, compared with its op records.
+  const double embedding_grad_at =
+      MEASURED(backward_marking_the_embedding(model, my_rows(tokens, *comm)));
+  const double backward_returned_at = MEASURED(dtl::now_seconds());
 
-  const std::vector<OpRecord> ops = all_reduces(comm->recent_ops());
-  ASSERT_EQ(ops.size(), ddp.buckets().size()) << "one all-reduce per bucket";
+  const std::vector<OpRecord> ops = measured_all_reduces(*comm);
+  ASSERT_EQ(ops.size(), names.size()) << "one all-reduce per bucket";
   ASSERT_GT(embedding_grad_at, 0.0);
   EXPECT_LT(ops[0].issued, embedding_grad_at)
       << "bucket 0's all-reduce was issued " << (ops[0].issued - embedding_grad_at) * 1e3
@@ -354,10 +365,10 @@ TEST(DDPTraffic, ABucketThatFillsEarlyWaitsForTheOnesBeforeIt) {
   DDPOptions opt;
   opt.first_bucket_bytes = (16 * 8 + 8) * 4;  // bucket 0 = early.bias + early.weight
   DistributedDataParallel ddp(model.ptr(), *comm, opt);
-  ASSERT_EQ(ddp.buckets(), (Buckets{{3, 2}, {1, 0}}));
+  ASSERT_EQ(OBSERVE(ddp.buckets()), (Buckets{{3, 2}, {1, 0}}));
   torch::manual_seed(21 + comm->rank());
   model->forward(torch::randn({5, 16}, device())).pow(2).mean().backward();
-  const std::vector<OpRecord> ops = all_reduces(comm->recent_ops());
+  const std::vector<OpRecord> ops = measured_all_reduces(*comm);
   ASSERT_EQ(ops.size(), 2u);
   EXPECT_EQ(numel_of(ops[0]), 16 * 8 + 8)
       << "bucket 0 (early's parameters) first, although bucket 1 (late's) was complete first";
@@ -389,15 +400,17 @@ TEST(DDPUnused, FindUnusedParametersCompletesTheBuckets) {
   for (const auto& p : plain->named_parameters()) {
     const torch::Tensor mine = model->named_parameters()[p.key()].grad();
     if (p.key().rfind("unused.", 0) == 0) {
-      EXPECT_FALSE(mine.defined()) << p.key() << " took no part: like serial training, no grad";
+      EXPECT_FALSE(OBSERVE(mine.defined()))
+          << p.key() << " took no part: like serial training, no grad";
     } else {
-      ASSERT_TRUE(mine.defined()) << p.key();
+      ASSERT_TRUE(OBSERVE(mine.defined())) << p.key();
       DTL_EXPECT_CLOSE(mine, p.value().grad(), 1e-5, 1e-7) << p.key();
     }
   }
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].count,
-            static_cast<int64_t>(ddp.buckets().size()) + 1 + 6)
-      << "one per bucket + the usage map (+ the oracle's 6): " << comm->stats().to_string();
+  const dtl::CommStats st = MEASURED(comm->stats());
+  EXPECT_EQ(st[OpType::AllReduce].count,
+            static_cast<int64_t>(OBSERVE(ddp.buckets().size())) + 1 + 6)
+      << "one per bucket + the usage map (+ the oracle's 6): " << st.to_string();
 }
 
 TEST(DDPUnused, WithoutTheFlagBackwardRaisesInsteadOfHanging) {
@@ -436,13 +449,14 @@ TEST(DDPNoSync, AccumulatesLocallyThenSyncsOnce) {
   comm->reset_stats();
   {
     auto guard = ddp.no_sync();
-    EXPECT_FALSE(ddp.require_sync());
+    EXPECT_FALSE(OBSERVE(ddp.require_sync()));
     for (int k = 0; k < 2; ++k) model->loss(my_rows(sampler.global_batch_at(k).to(device()), *comm)).backward();
   }
-  EXPECT_TRUE(ddp.require_sync());
-  EXPECT_EQ(comm->stats().total_count(), 0) << "nothing may be sent inside no_sync";
+  EXPECT_TRUE(OBSERVE(ddp.require_sync()));
+  EXPECT_EQ(MEASURED(comm->stats()).total_count(), 0) << "nothing may be sent inside no_sync";
   model->loss(my_rows(sampler.global_batch_at(2).to(device()), *comm)).backward();
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].count, static_cast<int64_t>(ddp.buckets().size()))
+  EXPECT_EQ(MEASURED(comm->stats())[OpType::AllReduce].count,
+            static_cast<int64_t>(OBSERVE(ddp.buckets().size())))
       << "the first backward after no_sync syncs once";
   DTL_EXPECT_CLOSE(flat_grads(*model), expected, 1e-4, 1e-6);
   DTL_EXPECT_SAME_ON_ALL_RANKS(flat_grads(*model));
@@ -466,17 +480,28 @@ TEST(DDPBucketView, GradsAreTheBucketsAndTrainingStillMatches) {
   model->to(device());
   DistributedDataParallel ddp(model.ptr(), *comm, opt);
   model->loss(my_rows(global, *comm)).backward();
-  for (size_t b = 0; b < ddp.buckets().size(); ++b) {
-    const auto& bucket = ddp.buckets()[b];
+  // Whether each pair of neighbours in a bucket has its grads back to back, computed in one
+  // pass and observed as one list (the driver's own buckets need not match the student's).
+  std::vector<std::vector<int>>
+      adjacent;  // per bucket, per neighbour pair: 1 yes, 0 no, -1 no grad
+  for (const auto& bucket : ddp.buckets()) {
+    adjacent.emplace_back();
     for (size_t k = 0; k + 1 < bucket.size(); ++k) {
       const torch::Tensor& g = ddp.parameters()[static_cast<size_t>(bucket[k])].grad();
       const torch::Tensor& next = ddp.parameters()[static_cast<size_t>(bucket[k + 1])].grad();
-      ASSERT_TRUE(g.defined() && next.defined());
-      EXPECT_EQ(static_cast<const char*>(g.data_ptr()) + g.numel() * 4,
-                static_cast<const char*>(next.data_ptr()))
-          << "bucket " << b << ": the grads must lie back to back in the bucket buffer";
+      adjacent.back().push_back(!g.defined() || !next.defined()
+                                    ? -1
+                                    : static_cast<const char*>(g.data_ptr()) + g.numel() * 4 ==
+                                          static_cast<const char*>(next.data_ptr()));
     }
   }
+  adjacent = OBSERVE(adjacent);
+  for (size_t b = 0; b < adjacent.size(); ++b)
+    for (size_t k = 0; k < adjacent[b].size(); ++k) {
+      ASSERT_NE(adjacent[b][k], -1) << "bucket " << b << ": a parameter without a grad";
+      EXPECT_EQ(adjacent[b][k], 1)
+          << "bucket " << b << ": the grads must lie back to back in the bucket buffer";
+    }
 }
 
 }  // namespace

@@ -29,13 +29,13 @@ using dtl::testing::expect_error_mentions;
 
 TEST(GlobalBatch, IsWorldTimesMicroTimesAccum) {
   // The three settings of the demo: 16 sequences per optimizer step each.
-  EXPECT_EQ(global_batch(1, 16, 1), 16);
-  EXPECT_EQ(global_batch(2, 4, 2), 16);
-  EXPECT_EQ(global_batch(4, 2, 2), 16);
+  EXPECT_EQ(OBSERVE(global_batch(1, 16, 1)), 16);
+  EXPECT_EQ(OBSERVE(global_batch(2, 4, 2)), 16);
+  EXPECT_EQ(OBSERVE(global_batch(4, 2, 2)), 16);
   // Llama 2's 4M tokens (1024 sequences of 4096) on 1024 GPUs with tensor parallelism 8:
   // 128 data-parallel ranks x micro 1 x accum 8.
-  EXPECT_EQ(global_batch(128, 1, 8), 1024);
-  EXPECT_EQ(global_batch(3, 5, 7), 105);
+  EXPECT_EQ(OBSERVE(global_batch(128, 1, 8)), 1024);
+  EXPECT_EQ(OBSERVE(global_batch(3, 5, 7)), 105);
 }
 
 TEST(GlobalBatch, RejectsNonPositiveValues) {
@@ -48,17 +48,18 @@ TEST(GlobalBatch, RejectsNonPositiveValues) {
 
 TEST(ScaledLr, LinearRuleOfGoyalEtAl) {
   // Goyal et al. 2017: lr 0.1 per 256 images, so 3.2 at 8192.
-  EXPECT_NEAR(linear_scaled_lr(0.1, 256, 8192), 3.2, 1e-12);
-  EXPECT_NEAR(linear_scaled_lr(3e-4, 16, 1024), 0.0192, 1e-15);
-  EXPECT_NEAR(linear_scaled_lr(1e-3, 64, 16), 2.5e-4, 1e-15) << "it scales down too";
-  EXPECT_EQ(linear_scaled_lr(1e-3, 48, 48), 1e-3);
+  EXPECT_NEAR(OBSERVE(linear_scaled_lr(0.1, 256, 8192)), 3.2, 1e-12);
+  EXPECT_NEAR(OBSERVE(linear_scaled_lr(3e-4, 16, 1024)), 0.0192, 1e-15);
+  EXPECT_NEAR(OBSERVE(linear_scaled_lr(1e-3, 64, 16)), 2.5e-4, 1e-15) << "it scales down too";
+  EXPECT_EQ(OBSERVE(linear_scaled_lr(1e-3, 48, 48)), 1e-3);
 }
 
 TEST(ScaledLr, SquareRootRule) {
-  EXPECT_NEAR(sqrt_scaled_lr(3e-4, 16, 1024), 2.4e-3, 1e-15) << "64 x the batch: 8 x the lr";
-  EXPECT_NEAR(sqrt_scaled_lr(1e-3, 100, 25), 5e-4, 1e-15);
-  EXPECT_NEAR(sqrt_scaled_lr(1e-3, 1, 2), 1e-3 * std::sqrt(2.0), 1e-15);
-  EXPECT_EQ(sqrt_scaled_lr(2e-3, 7, 7), 2e-3);
+  EXPECT_NEAR(OBSERVE(sqrt_scaled_lr(3e-4, 16, 1024)), 2.4e-3, 1e-15)
+      << "64 x the batch: 8 x the lr";
+  EXPECT_NEAR(OBSERVE(sqrt_scaled_lr(1e-3, 100, 25)), 5e-4, 1e-15);
+  EXPECT_NEAR(OBSERVE(sqrt_scaled_lr(1e-3, 1, 2)), 1e-3 * std::sqrt(2.0), 1e-15);
+  EXPECT_EQ(OBSERVE(sqrt_scaled_lr(2e-3, 7, 7)), 2e-3);
 }
 
 TEST(ScaledLr, RejectsBadArguments) {
@@ -80,21 +81,22 @@ TEST(ScheduledLr, WarmupThenCosineFromTheScaledPeak) {
   s.total_steps = 14;
   s.min_lr_ratio = 0.1;
   // Batch 64 = 4 x 16: peak 4e-3. Warm-up: (s + 1) / 4 of it.
-  EXPECT_NEAR(scheduled_lr(s, 64, 0), 1e-3, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 64, 1), 2e-3, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 64, 3), 4e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 0)), 1e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 1)), 2e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 3)), 4e-3, 1e-15);
   // Cosine over the 10 steps 4..13: step 4 the peak, step 13 the floor 4e-4; step 7 is
   // progress 3/9 = 1/3 of the way: 4e-4 + 0.5 x 3.6e-3 x (1 + cos(pi/3)) = 4e-4 + 2.7e-3.
-  EXPECT_NEAR(scheduled_lr(s, 64, 4), 4e-3, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 64, 7), 3.1e-3, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 64, 13), 4e-4, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 64, 20), 4e-4, 1e-15) << "past the end it stays at the floor";
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 4)), 4e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 7)), 3.1e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 13)), 4e-4, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 20)), 4e-4, 1e-15)
+      << "past the end it stays at the floor";
   // The other rules, same shape.
   s.scaling = LrScaling::Sqrt;
-  EXPECT_NEAR(scheduled_lr(s, 64, 3), 2e-3, 1e-15) << "sqrt(4) x 1e-3";
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 3)), 2e-3, 1e-15) << "sqrt(4) x 1e-3";
   s.scaling = LrScaling::None;
-  EXPECT_NEAR(scheduled_lr(s, 64, 3), 1e-3, 1e-15);
-  EXPECT_NEAR(scheduled_lr(s, 64, 13), 1e-4, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 3)), 1e-3, 1e-15);
+  EXPECT_NEAR(OBSERVE(scheduled_lr(s, 64, 13)), 1e-4, 1e-15);
 }
 
 TEST(ScheduledLr, RejectsBadArguments) {
@@ -116,12 +118,12 @@ TEST(ScheduledLr, RejectsBadArguments) {
 
 TEST(LossScale, EachMicroBatchCountsByItsShareOfTheGlobalBatch) {
   // One rank, 5 rows in micro-batches of 3 and 2: 3/5 and 2/5 (NOT 1/2 and 1/2).
-  EXPECT_NEAR(micro_batch_loss_scale(3, 5, 1), 0.6, 1e-15);
-  EXPECT_NEAR(micro_batch_loss_scale(2, 5, 1), 0.4, 1e-15);
+  EXPECT_NEAR(OBSERVE(micro_batch_loss_scale(3, 5, 1)), 0.6, 1e-15);
+  EXPECT_NEAR(OBSERVE(micro_batch_loss_scale(2, 5, 1)), 0.4, 1e-15);
   // DDP divides by the world size: the scale has to undo it.
-  EXPECT_NEAR(micro_batch_loss_scale(2, 16, 4), 0.5, 1e-15);
-  EXPECT_NEAR(micro_batch_loss_scale(3, 16, 3), 0.5625, 1e-15);
-  EXPECT_EQ(micro_batch_loss_scale(0, 16, 3), 0.0);
+  EXPECT_NEAR(OBSERVE(micro_batch_loss_scale(2, 16, 4)), 0.5, 1e-15);
+  EXPECT_NEAR(OBSERVE(micro_batch_loss_scale(3, 16, 3)), 0.5625, 1e-15);
+  EXPECT_EQ(OBSERVE(micro_batch_loss_scale(0, 16, 3)), 0.0);
   // Over every micro-batch of every rank the scales add up to the world size (DDP divides the
   // sum by it), for any split: 16 rows on 3 ranks (6, 5, 5) in 4 micro-batches each.
   for (int64_t world : {1, 2, 3, 4}) {
@@ -129,7 +131,7 @@ TEST(LossScale, EachMicroBatchCountsByItsShareOfTheGlobalBatch) {
     for (int64_t r = 0; r < world; ++r) {
       const int64_t local = dtl::split_range(16, world, r).size();
       for (int64_t k = 0; k < 4; ++k)
-        total += micro_batch_loss_scale(dtl::split_range(local, 4, k).size(), 16, world);
+        total += OBSERVE(micro_batch_loss_scale(dtl::split_range(local, 4, k).size(), 16, world));
     }
     EXPECT_NEAR(total, static_cast<double>(world), 1e-12) << "world " << world;
   }
@@ -225,16 +227,16 @@ TEST(Trainer, LrAdvancesOncePerOptimizerStep) {
   DistributedDataParallel ddp(model.ptr(), *comm, small_buckets());
   auto opt = adamw()(model);
   AccumulationTrainer trainer(model, ddp, *opt, o);
-  EXPECT_EQ(trainer.optimizer_steps(), 0);
+  EXPECT_EQ(OBSERVE(trainer.optimizer_steps()), 0);
   for (int s = 0; s < 4; ++s) {
-    const StepStats st = trainer.step(sampler.global_batch_at(s).to(device()));
+    const StepStats st = observed(trainer.step(sampler.global_batch_at(s).to(device())));
     const double lr = expected_lr(o.schedule, rows, s);
     EXPECT_EQ(st.step, s);
     EXPECT_NEAR(st.lr, lr, 1e-15) << "step " << s << " (the global batch is " << rows
                                   << ", base_batch " << o.schedule.base_batch << ")";
-    EXPECT_EQ(trainer.optimizer_steps(), s + 1) << "one optimizer step, whatever accum is";
+    EXPECT_EQ(OBSERVE(trainer.optimizer_steps()), s + 1) << "one optimizer step, whatever accum is";
     for (const auto& group : opt->param_groups())
-      EXPECT_NEAR(group.options().get_lr(), lr, 1e-15) << "the optimizer stepped with it";
+      EXPECT_NEAR(OBSERVE(group.options().get_lr()), lr, 1e-15) << "the optimizer stepped with it";
   }
 }
 
@@ -295,8 +297,8 @@ TEST(Trainer, RejectsBadInputOnEveryRankBeforeCommunicating) {
           .to(device());
   expect_error_mentions([&] { trainer.step(too_small); }, "empty micro-batch");
   expect_error_mentions([&] { trainer.step(too_small.flatten()); }, "global_batch");
-  EXPECT_EQ(comm->stats().total_count(), 0) << "a rejected step sends nothing";
-  EXPECT_EQ(trainer.optimizer_steps(), 0) << "and is not counted";
+  EXPECT_EQ(MEASURED(comm->stats()).total_count(), 0) << "a rejected step sends nothing";
+  EXPECT_EQ(OBSERVE(trainer.optimizer_steps()), 0) << "and is not counted";
   DTL_EXPECT_EQUAL(dtl::testing::flat_params(*model), before);
 }
 

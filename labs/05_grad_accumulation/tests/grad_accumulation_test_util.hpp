@@ -115,15 +115,30 @@ inline torch::Tensor serial_params(const GPTConfig& cfg,
   });
 }
 
+// A StepStats from the student's trainer, every field observed (dtl/harness/observe.hpp): in the
+// autograder's split run, assertions on it are checked on the values the student's code returned.
+inline StepStats observed(const StepStats& s, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE()) {
+  using dtl::testing::observe;
+  using dtl::testing::Source;
+  StepStats o;
+  o.step = observe(s.step, "StepStats.step", Source::kComputed, file, line);
+  o.lr = observe(s.lr, "StepStats.lr", Source::kComputed, file, line);
+  o.loss = observe(s.loss, "StepStats.loss", Source::kComputed, file, line);
+  o.local_rows = observe(s.local_rows, "StepStats.local_rows", Source::kComputed, file, line);
+  o.micro_rows = observe(s.micro_rows, "StepStats.micro_rows", Source::kComputed, file, line);
+  return o;
+}
+
 // What a trained run leaves behind, on this rank.
 struct TrainedRun {
   torch::Tensor params;               // flat, after the last step
-  std::vector<StepStats> stats;       // one per step
+  std::vector<StepStats> stats;       // one per step (observed)
   std::vector<double> global_losses;  // mean loss over the global batch, per step
-  int64_t all_reduces = 0;            // on the DDP's Comm, during the steps
+  int64_t all_reduces = 0;            // on the DDP's Comm, during the steps (measured)
   int64_t all_reduce_bytes = 0;
-  int64_t buckets = 0;
-  int64_t optimizer_steps = 0;
+  int64_t buckets = 0;          // lab 04's reference DDP: the driver's own is the same
+  int64_t optimizer_steps = 0;  // observed
 };
 
 // `steps` steps of the student's trainer on `comm` (every rank of comm calls it).
@@ -139,9 +154,9 @@ inline TrainedRun run_trainer(Comm& comm, const GPTConfig& cfg,
   comm.reset_stats();
   TrainedRun run;
   for (int s = 0; s < steps; ++s) {
-    run.stats.push_back(trainer.step(sampler.global_batch_at(s).to(device())));
+    run.stats.push_back(observed(trainer.step(sampler.global_batch_at(s).to(device()))));
   }
-  const dtl::CommStats st = comm.stats();
+  const dtl::CommStats st = MEASURED(comm.stats());
   run.all_reduces = st[OpType::AllReduce].count;
   run.all_reduce_bytes = st[OpType::AllReduce].bytes;
   // The global loss from each rank's row-weighted mean (after the counting above).
@@ -154,7 +169,7 @@ inline TrainedRun run_trainer(Comm& comm, const GPTConfig& cfg,
   }
   run.params = dtl::testing::flat_params(*model);
   run.buckets = static_cast<int64_t>(ddp.buckets().size());
-  run.optimizer_steps = trainer.optimizer_steps();
+  run.optimizer_steps = OBSERVE(trainer.optimizer_steps());
   return run;
 }
 

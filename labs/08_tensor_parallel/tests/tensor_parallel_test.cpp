@@ -28,11 +28,11 @@ using ::testing::HasSubstr;
 void expect_copy_to_tp(Comm& comm) {
   const int n = comm.size(), r = comm.rank();
   const torch::Tensor x = same_input({3, 5}, 1).requires_grad_(true);
-  const auto before = comm.stats();
+  const auto before = measured_stats(comm);
   const torch::Tensor y = copy_to_tp(x, comm);
   EXPECT_EQ(count_since(before, comm, OpType::AllReduce), 0) << "forward must not communicate";
   DTL_EXPECT_EQUAL(y, x);
-  EXPECT_NE(y.data_ptr(), x.data_ptr()) << "a new tensor, not the input itself";
+  EXPECT_TRUE(OBSERVE(y.data_ptr() != x.data_ptr())) << "a new tensor, not the input itself";
   // Rank r weighs the output by (r + 1): dL/dx = sum over ranks of (r + 1) = n (n + 1) / 2.
   (y * static_cast<double>(r + 1)).sum().backward();
   EXPECT_EQ(count_since(before, comm, OpType::AllReduce), n > 1 ? 1 : 0)
@@ -53,7 +53,7 @@ void expect_reduce_from_tp(Comm& comm) {
   DTL_EXPECT_CLOSE(y, torch::full({4, 2}, n * (n + 1) / 2.0, device_options()));
   DTL_EXPECT_EQUAL(x, torch::full({4, 2}, static_cast<float>(r + 1), device_options()))
       << "the input must stay as it was";
-  const auto before = comm.stats();
+  const auto before = measured_stats(comm);
   const torch::Tensor w = rank_input({4, 2});
   (y * w).sum().backward();
   EXPECT_EQ(count_since(before, comm, OpType::AllReduce), 0) << "backward must not communicate";
@@ -68,7 +68,7 @@ void expect_scatter_to_tp(Comm& comm) {
   const int n = comm.size(), r = comm.rank();
   const torch::Tensor x = same_input({2, 3, 4 * n}, 2).requires_grad_(true);
   const torch::Tensor y = scatter_to_tp(x, comm);
-  ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
+  ASSERT_EQ(OBSERVE(y.sizes().vec()), (std::vector<int64_t>{2, 3, 4}));
   DTL_EXPECT_EQUAL(y, x.narrow(-1, 4 * r, 4));
   // Rank q's output gradient is all (q + 1): the input gradient is block q = q + 1.
   y.backward(torch::full({2, 3, 4}, static_cast<float>(r + 1), device_options()));
@@ -121,8 +121,8 @@ void expect_column_matches_serial(bool gather_output, bool bias, Comm& comm) {
   torch::nn::Linear serial = serial_linear(kIn, kOut, bias, 10);
   ColumnParallelLinear col(serial->weight, bias ? serial->bias : torch::Tensor(), comm,
                            gather_output);
-  EXPECT_EQ(col->weight.sizes().vec(), (std::vector<int64_t>{rows.size(), kIn}));
-  EXPECT_EQ(col->named_parameters().size(), bias ? 2u : 1u);
+  EXPECT_EQ(OBSERVE(col->weight.sizes().vec()), (std::vector<int64_t>{rows.size(), kIn}));
+  EXPECT_EQ(OBSERVE(col->named_parameters().size()), bias ? 2u : 1u);
 
   const torch::Tensor x = same_input({5, kIn}, 11);
   const torch::Tensor xs = x.clone().requires_grad_(true), xp = x.clone().requires_grad_(true);
@@ -162,7 +162,7 @@ void expect_row_matches_serial(bool input_is_parallel, bool bias, Comm& comm) {
   torch::nn::Linear serial = serial_linear(kIn, kOut, bias, 20);
   RowParallelLinear row(serial->weight, bias ? serial->bias : torch::Tensor(), comm,
                         input_is_parallel);
-  EXPECT_EQ(row->weight.sizes().vec(), (std::vector<int64_t>{kOut, cols.size()}));
+  EXPECT_EQ(OBSERVE(row->weight.sizes().vec()), (std::vector<int64_t>{kOut, cols.size()}));
 
   const torch::Tensor x = same_input({2, 3, kIn}, 21);
   const torch::Tensor xs = x.clone().requires_grad_(true);
@@ -288,11 +288,11 @@ TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
 
   const torch::Tensor x = same_input({2, 4, kIn}, 40);
   const torch::Tensor xs = x.clone().requires_grad_(true), xp = x.clone().requires_grad_(true);
-  const auto before = comm->stats();
+  const auto before = measured_stats(*comm);
   const torch::Tensor yp = tp(xp);
   const int64_t forward_reduces = count_since(before, *comm, OpType::AllReduce);
   const int64_t forward_bytes =
-      comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes;
+      measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes;
   const torch::Tensor ys = serial(xs);
   DTL_EXPECT_CLOSE(yp, ys);
   const torch::Tensor w = same_input({2, 4, kIn}, 41);
@@ -308,7 +308,7 @@ TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
     // count).
     const int64_t activation_bytes = x.numel() * 4;
     EXPECT_EQ(forward_bytes, activation_bytes) << "forward: one [2, 4, d] float32 all-reduce";
-    EXPECT_EQ(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
+    EXPECT_EQ(measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
               2 * activation_bytes)
         << "backward: one [2, 4, d] float32 all-reduce";
   }
@@ -320,7 +320,8 @@ TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
   DTL_EXPECT_CLOSE(tp->proj->bias.grad(), serial->proj->bias.grad());
   std::vector<std::string> names;
   for (const auto& p : tp->named_parameters()) names.push_back(p.key());
-  EXPECT_EQ(names, (std::vector<std::string>{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}));
+  EXPECT_EQ(OBSERVE(names),
+            (std::vector<std::string>{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}));
 }
 
 // The MLP computes with its layers' registered shards: after each rank scales its own fc and

@@ -62,15 +62,25 @@ inline Range mine(int64_t size, const Comm& comm) {
   return dtl::lab08::shard_of(size, comm.size(), comm.rank(), "size");
 }
 
+// A Comm's counters as the student's process counted them (MEASURED, dtl/harness/observe.hpp).
+// Take `before` snapshots with it too: both ends of a difference from the same process.
+inline dtl::CommStats measured_stats(const Comm& comm, const char* file = __builtin_FILE(),
+                                     int line = __builtin_LINE()) {
+  return dtl::testing::observe(comm.stats(), "the Comm's counters", dtl::testing::Source::kMeasured,
+                               file, line);
+}
+
 // Collective ops of one kind a Comm counted since `before`.
-inline int64_t count_since(const dtl::CommStats& before, const Comm& comm, OpType op) {
-  return comm.stats()[op].count - before[op].count;
+inline int64_t count_since(const dtl::CommStats& before, const Comm& comm, OpType op,
+                           const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return measured_stats(comm, file, line)[op].count - before[op].count;
 }
 
 // Every collective except `allowed` counted since `before`, named ("all_gather x2").
-inline std::string others_since(const dtl::CommStats& before, const Comm& comm, OpType allowed) {
+inline std::string others_since(const dtl::CommStats& before, const Comm& comm, OpType allowed,
+                                const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   std::string out;
-  const dtl::CommStats now = comm.stats();
+  const dtl::CommStats now = measured_stats(comm, file, line);
   for (OpType op : {OpType::AllReduce, OpType::AllGather, OpType::ReduceScatter, OpType::Broadcast,
                     OpType::Reduce, OpType::AllToAll, OpType::Send, OpType::Recv,
                     OpType::SendRecv}) {

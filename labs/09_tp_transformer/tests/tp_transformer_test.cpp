@@ -38,7 +38,7 @@ void expect_attention_equals_serial(Comm& comm) {
   GPT serial = serial_gpt(cfg);
   auto s = serial->block(0)->attn;
   ParallelAttention attn = parallel_attention_of(*s, cfg, comm);
-  EXPECT_EQ(attn->local_heads, cfg.n_head / comm.size());
+  EXPECT_EQ(OBSERVE(attn->local_heads), cfg.n_head / comm.size());
   expect_shards_of_serial(*attn, *s, cfg, comm.size(), comm.rank(), /*grads=*/false,
                           "blocks.0.attn.");
 
@@ -69,10 +69,10 @@ TEST(ParallelAttention, OneAllReduceEachWay) {
   ParallelAttention attn = parallel_attention_of(*s, cfg, *comm);
   const torch::Tensor x = same_input({B, T, cfg.d_model}, 3).requires_grad_(true);
   const int64_t expected = comm->size() > 1 ? 1 : 0;
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor y = attn(x);
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), expected) << "forward";
-  before = comm->stats();
+  before = measured_stats(*comm);
   y.sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), expected) << "backward";
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
@@ -99,9 +99,9 @@ void expect_embedding_equals_serial(Comm& comm) {
   const torch::Tensor full = same_input({V, d}, 5);
   VocabParallelEmbedding emb(full, comm);
   const Range r = mine(V, comm);
-  EXPECT_EQ(emb->vocab_begin, r.begin);
-  EXPECT_EQ(emb->vocab_end, r.end);
-  ASSERT_EQ(emb->weight.sizes().vec(), (std::vector<int64_t>{V / comm.size(), d}));
+  EXPECT_EQ(OBSERVE(emb->vocab_begin), r.begin);
+  EXPECT_EQ(OBSERVE(emb->vocab_end), r.end);
+  ASSERT_EQ(OBSERVE(emb->weight.sizes().vec()), (std::vector<int64_t>{V / comm.size(), d}));
 
   // Ids of every rank's range, some repeated.
   const torch::Tensor idx = same_tokens(3, 40, V, 6);
@@ -126,12 +126,12 @@ TEST(VocabParallelEmbedding, OneAllReduceForwardNoneBackward) {
   auto comm = fresh_comm();
   VocabParallelEmbedding emb(same_input({96, 48}, 5), *comm);
   const torch::Tensor idx = same_tokens(2, 16, 96, 6);
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor y = emb(idx);
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), comm->size() > 1 ? 1 : 0);
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
+  EXPECT_EQ(measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
             comm->size() > 1 ? y.numel() * 4 : 0);
-  before = comm->stats();
+  before = measured_stats(*comm);
   y.sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 0);
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
@@ -175,7 +175,7 @@ void expect_cross_entropy_equals_serial(Comm& comm) {
   const torch::Tensor loss = vocab_parallel_cross_entropy(local, targets, comm);
   const torch::Tensor expected =
       torch::nn::functional::cross_entropy(full.view({-1, V}), targets.view({-1}));
-  ASSERT_EQ(loss.dim(), 0) << "a scalar";
+  ASSERT_EQ(OBSERVE(loss.dim()), 0) << "a scalar";
   DTL_EXPECT_CLOSE(loss, expected);
   DTL_EXPECT_SAME_ON_ALL_RANKS(loss.detach());
   (loss * 2.5).backward();
@@ -197,14 +197,15 @@ TEST(VocabParallelCrossEntropy, CommunicatesPerTokenNumbersOnly) {
   const int64_t V = 96, n = B * T;
   const torch::Tensor local = same_input({B, T, V / comm->size()}, 8).requires_grad_(true);
   const torch::Tensor targets = same_tokens(B, T, V, 9);
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor loss = vocab_parallel_cross_entropy(local, targets, *comm);
   const int64_t reduces = count_since(before, *comm, OpType::AllReduce);
-  const int64_t bytes = comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes;
+  const int64_t bytes =
+      measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes;
   EXPECT_LE(reduces, 3);
   EXPECT_LE(bytes, 3 * n * 4) << "more than three float32 numbers per token were all-reduced";
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "") << "only all-reduces";
-  before = comm->stats();
+  before = measured_stats(*comm);
   loss.backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 0) << "backward is local";
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
@@ -219,7 +220,8 @@ TEST(VocabParallelCrossEntropy, StableForLargeLogits) {
   const torch::Tensor targets = same_tokens(1, 4, V, 11).view({4});
   const torch::Tensor loss =
       vocab_parallel_cross_entropy(full.narrow(-1, r.begin, r.size()).contiguous(), targets, *comm);
-  ASSERT_TRUE(std::isfinite(loss.item<double>())) << "loss " << loss.item<double>();
+  const double value = OBSERVE(loss.item<double>());
+  ASSERT_TRUE(std::isfinite(value)) << "loss " << value;
   DTL_EXPECT_CLOSE(loss, torch::nn::functional::cross_entropy(full, targets), 1e-5, 1e-2);
 }
 
@@ -254,12 +256,12 @@ TEST(ParallelBlock, EqualsTheSerialBlockWithTwoAllReducesEachWay) {
   const torch::Tensor xs = x.detach().clone().requires_grad_(true);
   const torch::Tensor w = same_input({B, T, cfg.d_model}, 13);
   const int64_t expected = comm->size() > 1 ? 2 : 0;
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor y = block(x);
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), expected) << "forward";
   const torch::Tensor ys = s->forward(xs);
   DTL_EXPECT_CLOSE(y, ys, 1e-4, 1e-5);
-  before = comm->stats();
+  before = measured_stats(*comm);
   (y * w).sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), expected) << "backward";
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
@@ -292,17 +294,17 @@ TEST(TensorParallelGPT, TwoAllReducesPerBlockEachWay) {
   const torch::Tensor idx = same_tokens(B, T, cfg.vocab_size, 15);
   const int64_t n = comm->size() > 1 ? 2 * cfg.n_layer + 1 : 0;
   const int64_t activation_bytes = B * T * cfg.d_model * 4;
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor logits = gpt(idx);
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), n)
       << "forward, " << cfg.n_layer << " blocks";
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
+  EXPECT_EQ(measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
             n * activation_bytes);
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
-  before = comm->stats();
+  before = measured_stats(*comm);
   (logits * same_input(logits.sizes(), 16)).sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), n) << "backward";
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
+  EXPECT_EQ(measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
             n * activation_bytes);
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
 }

@@ -30,9 +30,10 @@ TEST(ScatterToSP, KeepsMyChunkAndGathersTheGradient) {
   auto comm = fresh_comm();
   const int n = comm->size(), r = comm->rank();
   const torch::Tensor x = same_input({B, T, 5}, 1).requires_grad_(true);
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor y = scatter_to_sp(x, *comm);
-  EXPECT_EQ(comm->stats().total_count(), before.total_count()) << "forward communicates nothing";
+  EXPECT_EQ(measured_stats(*comm).total_count(), before.total_count())
+      << "forward communicates nothing";
   DTL_EXPECT_EQUAL(y, sequence_chunk(x.detach(), 1, *comm));
   // Rank q's gradient is q + 1 everywhere: x's gradient is chunk q = q + 1.
   y.backward(torch::full(y.sizes(), static_cast<float>(r + 1), device_options()));
@@ -48,7 +49,7 @@ TEST(GatherFromSP, ConcatenatesChunksAndReduceScattersTheGradient) {
   const int n = comm->size(), r = comm->rank();
   const int64_t tc = 3;
   const torch::Tensor x = input_of_rank(r, {B, tc, 4}, 2).requires_grad_(true);
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor y = gather_from_sp(x, *comm);
   std::vector<torch::Tensor> xs, ws;
   for (int q = 0; q < n; ++q) {
@@ -57,7 +58,7 @@ TEST(GatherFromSP, ConcatenatesChunksAndReduceScattersTheGradient) {
   }
   DTL_EXPECT_EQUAL(y, torch::cat(xs, 1));
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), n > 1 ? 1 : 0);
-  before = comm->stats();
+  before = measured_stats(*comm);
   (y * ws[r]).sum().backward();
   // Every rank used all positions: my chunk's gradient is the sum of all ranks' for it.
   DTL_EXPECT_CLOSE(x.grad(), torch::stack(ws).sum(0).narrow(1, r * tc, tc));
@@ -70,7 +71,7 @@ TEST(ReduceScatterToSP, SumsAndKeepsMyChunkThenGathersTheGradient) {
   const int n = comm->size(), r = comm->rank();
   const int64_t tc = 2;
   const torch::Tensor x = input_of_rank(r, {B, n * tc, 6}, 4).requires_grad_(true);
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor y = reduce_scatter_to_sp(x, *comm);
   std::vector<torch::Tensor> xs, gs;
   for (int q = 0; q < n; ++q) {
@@ -79,7 +80,7 @@ TEST(ReduceScatterToSP, SumsAndKeepsMyChunkThenGathersTheGradient) {
   }
   DTL_EXPECT_CLOSE(y, torch::stack(xs).sum(0).narrow(1, r * tc, tc));
   EXPECT_EQ(count_since(before, *comm, OpType::ReduceScatter), n > 1 ? 1 : 0);
-  before = comm->stats();
+  before = measured_stats(*comm);
   y.backward(gs[r]);
   DTL_EXPECT_EQUAL(x.grad(), torch::cat(gs, 1));
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), n > 1 ? 1 : 0);
@@ -143,7 +144,7 @@ TEST(SequenceParallelBlock, SameWireBytesAsTensorParallel) {
   dtl::lab09::ParallelBlock tp(*serial->block(0), cfg, *comm);
   const torch::Tensor x = same_input({B, T, cfg.d_model}, 9).requires_grad_(true);
 
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor y = sp(chunk_leaf(x, *comm));
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), n > 1 ? 2 : 0) << "forward";
   EXPECT_EQ(count_since(before, *comm, OpType::ReduceScatter), n > 1 ? 2 : 0) << "forward";
@@ -154,9 +155,9 @@ TEST(SequenceParallelBlock, SameWireBytesAsTensorParallel) {
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 0);
   const double sp_wire = wire_since(before, *comm);
 
-  before = comm->stats();
+  before = comm->stats();  // lab 09's reference block: the oracle, counted by this process
   tp(x).sum().backward();
-  EXPECT_DOUBLE_EQ(sp_wire, wire_since(before, *comm)) << "lab 09's block, same input";
+  EXPECT_DOUBLE_EQ(sp_wire, oracle_wire_since(before, *comm)) << "lab 09's block, same input";
 }
 
 // LayerNorm inputs (and everything between the reduce-scatter and the next gather) are kept for
@@ -181,8 +182,10 @@ TEST(SequenceParallelBlock, KeepsLessActivationMemory) {
   // Keep each graph alive while measuring: the lambda returns the output, whose graph holds
   // the saved activations until the next statement.
   torch::Tensor y_tp, y_sp;
+  // Lab 09's reference block is the oracle (this process's own figure); the student's block's
+  // figure is the student's process's (MEASURED).
   const int64_t kept_tp = kept([&] { return y_tp = tp(x); });
-  const int64_t kept_sp = kept([&] { return y_sp = sp(xc); });
+  const int64_t kept_sp = MEASURED(kept([&] { return y_sp = sp(xc); }));
   // At least the LayerNorm inputs are kept for a chunk only: ln2's (the residual stream h) and
   // ln1's of the next block (this block's output): 2 x [B, T, d] floats, tp-fold smaller.
   const int64_t region = 2 * B * T * cfg.d_model * 4;
@@ -217,11 +220,11 @@ TEST(SequenceParallelGPT, UntiedHeadWithoutBiasesEqualsSerial) {
 TEST(SequenceParallelGPT, SequenceParallelParamsByName) {
   for (const char* yes : {"blocks.0.ln1.weight", "blocks.3.ln2.bias", "ln_f.weight",
                           "blocks.1.attn.proj.bias", "blocks.0.mlp.proj.bias", "wpe.weight"})
-    EXPECT_TRUE(is_sequence_parallel_param(yes)) << yes;
+    EXPECT_TRUE(OBSERVE(is_sequence_parallel_param(yes))) << yes;
   for (const char* no :
        {"wte.weight", "lm_head.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias",
         "blocks.0.attn.proj.weight", "blocks.0.mlp.fc.bias", "blocks.2.mlp.proj.weight"})
-    EXPECT_FALSE(is_sequence_parallel_param(no)) << no;
+    EXPECT_FALSE(OBSERVE(is_sequence_parallel_param(no))) << no;
 }
 
 // The sync is one all-reduce of exactly the sequence-parallel gradients.
@@ -234,11 +237,12 @@ TEST(SequenceParallelGPT, GradSyncIsOneAllReduce) {
   int64_t numel = 0;
   for (const auto& p : gpt->named_parameters())
     if (is_sequence_parallel_param(p.key())) numel += p.value().numel();
-  const auto before = comm->stats();
+  numel = OBSERVE(numel);  // by the student's is_sequence_parallel_param
+  const auto before = measured_stats(*comm);
   sync_sequence_parallel_grads(*gpt, *comm);
   const bool many = comm->size() > 1;
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), many ? 1 : 0);
-  EXPECT_EQ(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
+  EXPECT_EQ(measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
             many ? numel * 4 : 0);
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
 }
@@ -257,24 +261,25 @@ TEST(SequenceParallelGPT, CollectivesOfLab09sWireBytes) {
   dtl::lab09::TensorParallelGPT tp(*serial, *comm);
   const torch::Tensor tokens = same_tokens(B, T + 1, cfg.vocab_size, 15);
 
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor loss = sp->loss(tokens);
   EXPECT_EQ(count_since(before, *comm, OpType::ReduceScatter), n > 1 ? 2 * L + 1 : 0)
       << "forward: the embedding's and two per block";
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), n > 1 ? 2 * L + 1 : 0)
       << "forward: two per block and the head's input";
-  EXPECT_LE(comm->stats()[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes, 3 * N * 4)
+  EXPECT_LE(measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
+            3 * N * 4)
       << "forward all-reduces per-token loss numbers only";
   const double sp_forward = wire_since(before, *comm);
   loss.backward();
   const double sp_wire = wire_since(before, *comm);
 
-  before = comm->stats();
+  before = comm->stats();  // lab 09's reference model: the oracle, counted by this process
   const torch::Tensor tp_loss = tp->loss(tokens);
-  const double tp_forward = wire_since(before, *comm);
+  const double tp_forward = oracle_wire_since(before, *comm);
   tp_loss.backward();
   EXPECT_DOUBLE_EQ(sp_forward, tp_forward) << "forward, lab 09's model on the same batch";
-  EXPECT_DOUBLE_EQ(sp_wire, wire_since(before, *comm)) << "forward + backward";
+  EXPECT_DOUBLE_EQ(sp_wire, oracle_wire_since(before, *comm)) << "forward + backward";
 }
 
 TEST(SequenceParallelGPT, RejectsSequencesTpDoesNotDivide) {
@@ -328,14 +333,14 @@ TEST(RingAttention, SendsExactlyTheFormula) {
   const torch::Tensor k = same_input({b, h, tc, dh}, 25).requires_grad_(true);
   const torch::Tensor v = same_input({b, h, tc, dh}, 26).requires_grad_(true);
   const RingBytes formula = ring_attention_bytes(b * h * tc * dh, 4, comm->size());
-  auto before = comm->stats();
+  auto before = measured_stats(*comm);
   const torch::Tensor out = ring_attention(q, k, v, *comm);
-  EXPECT_EQ(comm->stats()[OpType::SendRecv].bytes - before[OpType::SendRecv].bytes,
+  EXPECT_EQ(measured_stats(*comm)[OpType::SendRecv].bytes - before[OpType::SendRecv].bytes,
             formula.forward);
   EXPECT_EQ(others_since(before, *comm, OpType::SendRecv), "") << "forward";
-  before = comm->stats();
+  before = measured_stats(*comm);
   out.sum().backward();
-  EXPECT_EQ(comm->stats()[OpType::SendRecv].bytes - before[OpType::SendRecv].bytes,
+  EXPECT_EQ(measured_stats(*comm)[OpType::SendRecv].bytes - before[OpType::SendRecv].bytes,
             formula.backward);
   EXPECT_EQ(others_since(before, *comm, OpType::SendRecv), "") << "backward";
 }
@@ -349,13 +354,13 @@ TEST(RingAttention, SendsToTheNextRank) {
   const torch::Tensor k = same_input({1, 2, 3, 4}, 31).requires_grad_(true);
   const torch::Tensor v = same_input({1, 2, 3, 4}, 32).requires_grad_(true);
   ring_attention(q, k, v, *comm).sum().backward();
-  int sendrecvs = 0;
-  for (const dtl::OpRecord& op : comm->recent_ops()) {
-    if (op.op != OpType::SendRecv) continue;
-    ++sendrecvs;
-    EXPECT_EQ(op.peer, (comm->rank() + 1) % n) << op.describe();
-  }
-  EXPECT_EQ(sendrecvs, n > 1 ? 2 * n - 1 : 0) << "cp - 1 forward, cp backward";
+  std::vector<int> peers;  // of every sendrecv, as the student's process recorded them
+  for (const dtl::OpRecord& op : comm->recent_ops())
+    if (op.op == OpType::SendRecv) peers.push_back(op.peer);
+  peers = MEASURED(peers);
+  for (size_t i = 0; i < peers.size(); ++i)
+    EXPECT_EQ(peers[i], (comm->rank() + 1) % n) << "sendrecv #" << i;
+  EXPECT_EQ(static_cast<int>(peers.size()), n > 1 ? 2 * n - 1 : 0) << "cp - 1 forward, cp backward";
 }
 
 // Forward keeps the output and per-query statistics, never the score blocks: with Tc = 4 Dh,
@@ -373,11 +378,11 @@ TEST(RingAttention, KeepsNoScoreBlocksForBackward) {
   const auto before = static_cast<int64_t>(dtl::memory::current_bytes());
   const torch::Tensor out = ring_attention(q, k, v, *comm);
   comm->barrier();  // the Comm's worker lets go of the last transfer's buffers
-  const auto kept = static_cast<int64_t>(dtl::memory::current_bytes()) - before;
+  const auto kept = MEASURED(static_cast<int64_t>(dtl::memory::current_bytes()) - before);
   EXPECT_LE(kept, 2 * chunk) << "kept after forward: " << kept << " B; the output is " << chunk
                              << " B, one score block " << 4 * chunk << " B";
   out.sum().backward();  // and backward still works from what was kept
-  EXPECT_TRUE(q.grad().defined());
+  EXPECT_TRUE(OBSERVE(q.grad().defined()));
 }
 
 TEST(RingAttention, RejectsMismatchedShapes) {

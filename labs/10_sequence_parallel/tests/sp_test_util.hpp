@@ -40,8 +40,16 @@ inline torch::Tensor input_of_rank(int q, at::IntArrayRef shape, uint64_t seed) 
   return same_input(shape, seed + 1000 * static_cast<uint64_t>(q));
 }
 
-// Wire bytes of all collectives counted since `before`.
-inline double wire_since(const dtl::CommStats& before, const Comm& comm) {
+// Wire bytes of all collectives counted since `before`: the student's code's traffic, MEASURED
+// (take `before` with measured_stats).
+inline double wire_since(const dtl::CommStats& before, const Comm& comm,
+                         const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return measured_stats(comm, file, line).total_wire_bytes() - before.total_wire_bytes();
+}
+// The same for the oracle's traffic (lab 09's reference model, run by the test itself): the
+// process's own counters, unobserved (take `before` with comm.stats()). In the autograder's split
+// run that is the driver's own run of the oracle.
+inline double oracle_wire_since(const dtl::CommStats& before, const Comm& comm) {
   return comm.stats().total_wire_bytes() - before.total_wire_bytes();
 }
 

@@ -34,7 +34,7 @@ using namespace lab11_test;  // NOLINT: even_parts, brute_force_best, serial_par
 TEST(Partition, HandoutExample) {
   // Two cheap units, one heavy, two cheap: the heavy one alone bounds any 3-way cut from below.
   const std::vector<double> costs = {1, 1, 6, 1, 1};
-  const auto parts = partition(costs, 3);
+  const auto parts = observed(partition(costs, 3));
   expect_valid_partition(parts, 5, 3);
   EXPECT_DOUBLE_EQ(max_stage_cost(costs, parts), 6.0);
 }
@@ -46,7 +46,7 @@ TEST(Partition, OptimalAgainstBruteForce) {
     std::vector<double> costs(static_cast<size_t>(n));
     for (auto& c : costs) c = static_cast<double>(rng() % 10);  // zeros included
     for (int p = 1; p <= n; ++p) {
-      const auto parts = partition(costs, p);
+      const auto parts = observed(partition(costs, p));
       expect_valid_partition(parts, n, p);
       EXPECT_DOUBLE_EQ(max_stage_cost(costs, parts), brute_force_best(costs, p))
           << "costs " << ::testing::PrintToString(costs) << ", " << p << " stages";
@@ -65,9 +65,9 @@ TEST(Partition, RejectsBadInput) {
 }
 
 TEST(Imbalance, MaxOverMean) {
-  EXPECT_DOUBLE_EQ(imbalance({1, 1, 1, 1}, {{0, 2}, {2, 4}}), 1.0);
-  EXPECT_DOUBLE_EQ(imbalance({4, 1, 1}, {{0, 1}, {1, 3}}), 4.0 / 3.0);
-  EXPECT_DOUBLE_EQ(imbalance({1, 2, 3, 4}, {{0, 4}}), 1.0);
+  EXPECT_DOUBLE_EQ(OBSERVE(imbalance({1, 1, 1, 1}, {{0, 2}, {2, 4}})), 1.0);
+  EXPECT_DOUBLE_EQ(OBSERVE(imbalance({4, 1, 1}, {{0, 1}, {1, 3}})), 4.0 / 3.0);
+  EXPECT_DOUBLE_EQ(OBSERVE(imbalance({1, 2, 3, 4}, {{0, 4}})), 1.0);
   EXPECT_THAT(testing::error_of([] {
                 imbalance({1, 1, 1}, {{0, 1}, {2, 3}});
               }),
@@ -84,25 +84,27 @@ void expect_stage_gradients(const GPTConfig& cfg, int64_t rows, int64_t m) {
   const auto expected = serial_gradients(cfg, global);
   PipelineStage stage(cfg, comm, even_parts(cfg, comm.size()));
   const int64_t mb = rows / m;
+  const bool last = OBSERVE(stage.is_last());
   std::vector<double> losses;
   for (int64_t k = 0; k < m; ++k) {
     torch::Tensor loss = stage.forward(global.narrow(0, k * mb, mb));
-    EXPECT_EQ(loss.defined(), stage.is_last()) << "forward returns the loss on the last stage only";
-    if (stage.is_last()) losses.push_back(loss.item<double>());
+    EXPECT_EQ(OBSERVE(loss.defined()), last) << "forward returns the loss on the last stage only";
+    if (last) losses.push_back(loss.item<double>());
   }
-  EXPECT_EQ(stage.in_flight(), m);
+  losses = OBSERVE(losses);
+  EXPECT_EQ(OBSERVE(stage.in_flight()), m);
   for (int64_t k = m - 1; k >= 0; --k) stage.backward(k, 1.0 / static_cast<double>(m));
-  EXPECT_EQ(stage.in_flight(), 0);
-  EXPECT_EQ(stage.peak_in_flight(), m);
+  EXPECT_EQ(OBSERVE(stage.in_flight()), 0);
+  EXPECT_EQ(OBSERVE(stage.peak_in_flight()), m);
   if (Comm* group = stage.embedding_group()) sum_embedding_grad(stage, *group);
   expect_named_close(stage, expected, /*grads=*/true, 1e-4, 1e-6, where(cfg, m));
-  if (stage.is_last()) {
+  if (last) {
     for (int64_t k = 0; k < m; ++k) {
       const double serial_loss = testing::serial(1, [&] {
         model::GPT full(cfg);
         return full->loss(global.narrow(0, k * mb, mb)).item<double>();
       });
-      EXPECT_NEAR(losses[static_cast<size_t>(k)], serial_loss, 1e-5) << "micro-batch " << k;
+      EXPECT_NEAR(losses.at(static_cast<size_t>(k)), serial_loss, 1e-5) << "micro-batch " << k;
     }
   }
   stage.finish_step();
@@ -124,11 +126,12 @@ TEST(PipelineStage, SendsOneActivationAndOneGradientPerBoundaryAndMicroBatch) {
   PipelineStage stage(cfg, *comm, even_parts(cfg, comm->size()));
   const int64_t m = 4, mb = 2;
   const torch::Tensor global = batch(cfg, m * mb, 1);
-  const auto before = comm->stats();
+  const auto before = MEASURED(comm->stats());
   for (int64_t k = 0; k < m; ++k) stage.forward(global.narrow(0, k * mb, mb));
   for (int64_t k = m - 1; k >= 0; --k) stage.backward(k, 1.0 / m);
-  const auto after = comm->stats();
-  const int64_t boundaries = (stage.is_first() ? 0 : 1) + (stage.is_last() ? 0 : 1);
+  const auto after = MEASURED(comm->stats());
+  const int64_t boundaries =
+      (OBSERVE(stage.is_first()) ? 0 : 1) + (OBSERVE(stage.is_last()) ? 0 : 1);
   const int64_t sends = after[OpType::Send].count - before[OpType::Send].count;
   const int64_t recvs = after[OpType::Recv].count - before[OpType::Recv].count;
   EXPECT_EQ(sends, m * boundaries)
@@ -146,14 +149,14 @@ TEST(PipelineStage, TracksMicroBatchesInFlight) {
   const torch::Tensor global = batch(cfg, 4, 2);
   stage.forward(global.narrow(0, 0, 2));
   stage.forward(global.narrow(0, 2, 2));
-  EXPECT_EQ(stage.in_flight(), 2);
+  EXPECT_EQ(OBSERVE(stage.in_flight()), 2);
   EXPECT_THAT(testing::error_of([&] { stage.backward(5, 1.0); }), ::testing::HasSubstr("micro"));
   EXPECT_THAT(testing::error_of([&] { stage.finish_step(); }), ::testing::HasSubstr("in flight"));
   stage.backward(1, 0.5);
   stage.backward(0, 0.5);
-  EXPECT_EQ(stage.in_flight(), 0);
+  EXPECT_EQ(OBSERVE(stage.in_flight()), 0);
   stage.finish_step();
-  EXPECT_EQ(stage.peak_in_flight(), 0);
+  EXPECT_EQ(OBSERVE(stage.peak_in_flight()), 0);
 }
 
 // ---------------------------------------------------------------- Task 3
@@ -198,10 +201,11 @@ TEST(FillDrain, ReportsTheLossAndPeakInFlight) {
     model::GPT full(cfg);
     return full->loss(global).item<double>();
   });
-  EXPECT_NEAR(st.loss, serial_loss, 1e-5) << "the global batch's mean loss, on every stage";
-  EXPECT_EQ(st.micro_batches, 4);
-  EXPECT_EQ(st.peak_in_flight, 4) << "fill-drain keeps every micro-batch's activations";
-  EXPECT_EQ(stage.in_flight(), 0);
+  EXPECT_NEAR(OBSERVE(st.loss), serial_loss, 1e-5)
+      << "the global batch's mean loss, on every stage";
+  EXPECT_EQ(OBSERVE(st.micro_batches), 4);
+  EXPECT_EQ(OBSERVE(st.peak_in_flight), 4) << "fill-drain keeps every micro-batch's activations";
+  EXPECT_EQ(OBSERVE(stage.in_flight()), 0);
 }
 
 TEST(FillDrain, RejectsMicroBatchesThatDoNotDivideTheBatch) {

@@ -53,6 +53,20 @@ inline dtl::OptimConfig adamw() {
   return oc;
 }
 
+// A partition from the code under test, observed (dtl/harness/observe.hpp): assert on this copy.
+inline std::vector<Range> observed(const std::vector<Range>& parts,
+                                   const char* file = __builtin_FILE(),
+                                   int line = __builtin_LINE()) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const Range& r : parts) runs.emplace_back(r.begin, r.end);
+  runs = dtl::testing::observe(std::move(runs), "the partition's [begin, end) runs",
+                               dtl::testing::Source::kComputed, file, line);
+  std::vector<Range> out;
+  for (const auto& [begin, end] : runs) out.push_back(Range{begin, end});
+  return out;
+}
+
+// `parts`: observed.
 inline void expect_valid_partition(const std::vector<Range>& parts, int64_t n, int p) {
   ASSERT_EQ(static_cast<int>(parts.size()), p) << "one run per stage";
   int64_t next = 0;
@@ -69,7 +83,7 @@ inline double max_stage_cost(const std::vector<double>& costs, const std::vector
   double worst = 0;
   for (const Range& r : parts) {
     double c = 0;
-    for (int64_t u = r.begin; u < r.end; ++u) c += costs[static_cast<size_t>(u)];
+    for (int64_t u = r.begin; u < r.end; ++u) c += costs.at(static_cast<size_t>(u));
     worst = std::max(worst, c);
   }
   return worst;
@@ -109,15 +123,20 @@ inline void sum_embedding_grad(PipelineStage& stage, dtl::Comm& group) {
     if (name == "wte.weight") group.all_reduce(p.mutable_grad());
 }
 
-// Every parameter (or gradient) of the stage against the serial one of the same name.
+// Every parameter (or gradient) of the stage against the serial one of the same name. The names
+// are the stage's as the student's code registered them (observed).
 inline void expect_named_close(const PipelineStage& stage,
                                const std::map<std::string, torch::Tensor>& expected, bool grads,
                                double rtol, double atol, const std::string& what) {
+  std::vector<std::string> names;
+  for (auto& [name, p] : stage.named_parameters()) names.push_back(name);
+  for (const std::string& name : OBSERVE(names))
+    ASSERT_NE(expected.find(name), expected.end()) << "the serial GPT has no parameter " << name;
   for (auto& [name, p] : stage.named_parameters()) {
     auto it = expected.find(name);
-    ASSERT_NE(it, expected.end()) << "the serial GPT has no parameter " << name;
+    if (it == expected.end()) continue;  // (the observed names failed above)
     const torch::Tensor got = grads ? p.grad() : p;
-    ASSERT_TRUE(got.defined()) << name << " has no gradient on stage " << stage.stage();
+    ASSERT_TRUE(OBSERVE(got.defined())) << name << " has no gradient on stage " << stage.stage();
     EXPECT_TRUE(dtl::testing::tensors_close(got.detach().cpu(), it->second, rtol, atol))
         << (grads ? "gradient of " : "") << name << " on stage " << stage.stage() << ", " << what;
   }

@@ -26,41 +26,44 @@ using dtl::testing::expect_error_mentions;
 // ---------------------------------------------------------------- Task 1
 
 TEST(Schedules, GPipeRunsAllForwardsThenAllBackwards) {
-  const Schedule s = gpipe(2, 3);
+  const std::vector<std::string> s = observed(gpipe(2, 3), 1);
   ASSERT_EQ(s.size(), 2u);
-  for (const auto& actions : s) EXPECT_EQ(text(actions, 1), "F0 F1 F2 B0 B1 B2");
+  for (const auto& actions : s) EXPECT_EQ(actions, "F0 F1 F2 B0 B1 B2");
 }
 
 TEST(Schedules, OneFOneBWarmsUpThenAlternates) {
-  const Schedule s = one_f_one_b(3, 4);
+  const std::vector<std::string> s = observed(one_f_one_b(3, 4), 1);
   ASSERT_EQ(s.size(), 3u);
-  EXPECT_EQ(text(s[0], 1), "F0 F1 F2 B0 F3 B1 B2 B3") << "rank 0: p - 1 = 2 warm-up forwards";
-  EXPECT_EQ(text(s[1], 1), "F0 F1 B0 F2 B1 F3 B2 B3");
-  EXPECT_EQ(text(s[2], 1), "F0 B0 F1 B1 F2 B2 F3 B3") << "the last rank: no warm-up";
-  EXPECT_EQ(text(one_f_one_b(4, 2)[0], 1), "F0 F1 B0 B1") << "warm-up capped at m";
+  EXPECT_EQ(s[0], "F0 F1 F2 B0 F3 B1 B2 B3") << "rank 0: p - 1 = 2 warm-up forwards";
+  EXPECT_EQ(s[1], "F0 F1 B0 F2 B1 F3 B2 B3");
+  EXPECT_EQ(s[2], "F0 B0 F1 B1 F2 B2 F3 B3") << "the last rank: no warm-up";
+  EXPECT_EQ(observed(one_f_one_b(4, 2), 1).at(0), "F0 F1 B0 B1") << "warm-up capped at m";
 }
 
 TEST(Schedules, InterleavedFollowsMegatronsOrder) {
-  const Schedule s = interleaved(2, 4, 2);
+  const std::vector<std::string> s = observed(interleaved(2, 4, 2), 2);
   ASSERT_EQ(s.size(), 2u);
-  EXPECT_EQ(text(s[0], 2),
+  EXPECT_EQ(s[0],
             "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
-  EXPECT_EQ(text(s[1], 2),
+  EXPECT_EQ(s[1],
             "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
   // v = 1 is 1F1B.
-  const Schedule a = interleaved(3, 5, 1), b = one_f_one_b(3, 5);
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(text(a[r], 1), text(b[r], 1)) << "rank " << r;
+  const std::vector<std::string> a = observed(interleaved(3, 5, 1), 1);
+  const std::vector<std::string> b = observed(one_f_one_b(3, 5), 1);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(a.at(r), b.at(r)) << "rank " << r;
 }
 
 TEST(Schedules, EveryRankRunsEveryActionOnce) {
   for (int p : {1, 2, 3, 4})
     for (int64_t m : {int64_t{p}, int64_t{2 * p}, int64_t{4 * p}})
       for (int v : {1, 2, 3}) {
-        const Schedule s = v == 1 ? one_f_one_b(p, m) : interleaved(p, m, v);
+        const std::vector<std::string> s =
+            observed(v == 1 ? one_f_one_b(p, m) : interleaved(p, m, v), v);
         ASSERT_EQ(static_cast<int>(s.size()), p);
-        for (const auto& actions : s) {
-          std::map<std::string, int> count;
-          for (const Action& a : actions) ++count[describe(a, v)];
+        for (const std::string& actions : s) {
+          std::map<std::string, int> count;  // of each action's describe(), the words of the text
+          std::istringstream words(actions);
+          for (std::string a; words >> a;) ++count[a];
           EXPECT_EQ(static_cast<int64_t>(count.size()), 2 * m * v) << p << " " << m << " " << v;
           for (const auto& [name, n] : count) EXPECT_EQ(n, 1) << name;
         }
@@ -80,23 +83,25 @@ TEST(Simulate, BubbleEqualsTheFormula) {
   const Costs costs{1.0, 2.0, 0.0};
   for (int p : {1, 2, 3, 4, 8})
     for (int64_t m : {int64_t{p}, int64_t{2 * p}, int64_t{3 * p}, int64_t{5}}) {
-      EXPECT_NEAR(simulate(gpipe(p, m), 1, costs).bubble, bubble_formula(p, m, 1), 1e-12)
+      EXPECT_NEAR(OBSERVE(simulate(gpipe(p, m), 1, costs).bubble), bubble_formula(p, m, 1), 1e-12)
           << "GPipe p=" << p << " m=" << m;
-      EXPECT_NEAR(simulate(one_f_one_b(p, m), 1, costs).bubble, bubble_formula(p, m, 1), 1e-12)
+      EXPECT_NEAR(OBSERVE(simulate(one_f_one_b(p, m), 1, costs).bubble), bubble_formula(p, m, 1),
+                  1e-12)
           << "1F1B p=" << p << " m=" << m;
       if (m % p != 0) continue;
       for (int v : {2, 3, 4})
-        EXPECT_NEAR(simulate(interleaved(p, m, v), v, costs).bubble, bubble_formula(p, m, v), 1e-12)
+        EXPECT_NEAR(OBSERVE(simulate(interleaved(p, m, v), v, costs).bubble),
+                    bubble_formula(p, m, v), 1e-12)
             << "interleaved p=" << p << " m=" << m << " v=" << v;
     }
   // Makespan, in whole-stage units: (m + p - 1)(f + b) for GPipe and 1F1B; (v m + p - 1)(f + b)
   // / v interleaved (a chunk's forward costs f / v: the bubble alone cannot tell, it is the
   // same ratio when every action costs v times too much).
-  EXPECT_NEAR(simulate(gpipe(4, 8), 1, costs).makespan, 11 * 3.0, 1e-12);
-  EXPECT_NEAR(simulate(one_f_one_b(4, 8), 1, costs).makespan, 11 * 3.0, 1e-12);
-  EXPECT_NEAR(simulate(interleaved(4, 8, 2), 2, costs).makespan, 19 * 3.0 / 2, 1e-12);
-  EXPECT_NEAR(simulate(interleaved(2, 4, 4), 4, costs).makespan, 17 * 3.0 / 4, 1e-12);
-  EXPECT_NEAR(simulate(interleaved(4, 8, 2), 2, costs).busy[0], 8 * 3.0, 1e-12)
+  EXPECT_NEAR(OBSERVE(simulate(gpipe(4, 8), 1, costs).makespan), 11 * 3.0, 1e-12);
+  EXPECT_NEAR(OBSERVE(simulate(one_f_one_b(4, 8), 1, costs).makespan), 11 * 3.0, 1e-12);
+  EXPECT_NEAR(OBSERVE(simulate(interleaved(4, 8, 2), 2, costs).makespan), 19 * 3.0 / 2, 1e-12);
+  EXPECT_NEAR(OBSERVE(simulate(interleaved(2, 4, 4), 4, costs).makespan), 17 * 3.0 / 4, 1e-12);
+  EXPECT_NEAR(OBSERVE(simulate(interleaved(4, 8, 2), 2, costs).busy).at(0), 8 * 3.0, 1e-12)
       << "a rank's busy time is m (f + b) whatever v";
 }
 
@@ -104,17 +109,18 @@ TEST(Simulate, InFlightActivations) {
   const Costs costs;
   for (int p : {2, 3, 4})
     for (int64_t m : {int64_t{p}, int64_t{3 * p}}) {
-      const SimResult g = simulate(gpipe(p, m), 1, costs),
-                      f = simulate(one_f_one_b(p, m), 1, costs);
+      const std::vector<int64_t> g = OBSERVE(simulate(gpipe(p, m), 1, costs).peak_in_flight),
+                                 f = OBSERVE(simulate(one_f_one_b(p, m), 1, costs).peak_in_flight);
       for (int r = 0; r < p; ++r) {
-        EXPECT_EQ(g.peak_in_flight[r], m) << "GPipe holds every micro-batch, rank " << r;
-        EXPECT_EQ(f.peak_in_flight[r], std::min<int64_t>(p - r, m)) << "1F1B, rank " << r;
+        EXPECT_EQ(g.at(r), m) << "GPipe holds every micro-batch, rank " << r;
+        EXPECT_EQ(f.at(r), std::min<int64_t>(p - r, m)) << "1F1B, rank " << r;
       }
       const int v = 2;
-      const SimResult i = simulate(interleaved(p, m, v), v, costs);
+      const std::vector<int64_t> i =
+          OBSERVE(simulate(interleaved(p, m, v), v, costs).peak_in_flight);
       for (int r = 0; r < p; ++r) {
         const int64_t warmup = m == p ? v * m : (p - r - 1) * 2 + (v - 1) * p;
-        EXPECT_EQ(i.peak_in_flight[r], std::min<int64_t>(warmup + 1, v * m)) << "rank " << r;
+        EXPECT_EQ(i.at(r), std::min<int64_t>(warmup + 1, v * m)) << "rank " << r;
       }
     }
 }
@@ -125,11 +131,11 @@ TEST(Simulate, InFlightActivations) {
 TEST(Simulate, PointToPointLatency) {
   const int p = 4;
   const double l = 0.1;
-  const double g0 = simulate(gpipe(p, 8), 1, {1, 2, 0}).makespan;
-  EXPECT_NEAR(simulate(gpipe(p, 8), 1, {1, 2, l}).makespan - g0, 2 * (p - 1) * l, 1e-9);
-  const double f0 = simulate(one_f_one_b(p, 8), 1, {1, 2, 0}).makespan;
-  EXPECT_NEAR(simulate(one_f_one_b(p, 8), 1, {1, 2, l}).makespan - f0, 16 * l, 1e-9);
-  EXPECT_NEAR(simulate(one_f_one_b(p, 8), 1, {1, 2, 0.5}).makespan, 41.0, 1e-9);
+  const double g0 = OBSERVE(simulate(gpipe(p, 8), 1, {1, 2, 0}).makespan);
+  EXPECT_NEAR(OBSERVE(simulate(gpipe(p, 8), 1, {1, 2, l}).makespan) - g0, 2 * (p - 1) * l, 1e-9);
+  const double f0 = OBSERVE(simulate(one_f_one_b(p, 8), 1, {1, 2, 0}).makespan);
+  EXPECT_NEAR(OBSERVE(simulate(one_f_one_b(p, 8), 1, {1, 2, l}).makespan) - f0, 16 * l, 1e-9);
+  EXPECT_NEAR(OBSERVE(simulate(one_f_one_b(p, 8), 1, {1, 2, 0.5}).makespan), 41.0, 1e-9);
 }
 
 TEST(Simulate, NamesTheDeadlock) {
@@ -213,10 +219,13 @@ TEST(Execute, InFlightAndTrafficMatchTheSchedule) {
   auto opt = dtl::make_adamw(chunks.module(), adamw());
   const StepResult res =
       execute(s, chunks, links, *opt, batch(cfg, 2 * m, 0).to(dtl::Runtime::get().device()));
-  EXPECT_EQ(res.peak_in_flight, peak_in_flight(s[world.rank()]));
-  ASSERT_EQ(res.timeline.size(), s[world.rank()].size());
-  for (size_t i = 0; i < res.timeline.size(); ++i)
-    EXPECT_EQ(describe(res.timeline[i].action, v), describe(s[world.rank()][i], v)) << "in order";
+  EXPECT_EQ(OBSERVE(res.peak_in_flight), peak_in_flight(s[world.rank()]));
+  std::vector<std::string> ran;  // the actions of the timeline, in the order run
+  for (const ActionTiming& t : res.timeline) ran.push_back(describe(t.action, v));
+  ran = OBSERVE(ran);
+  ASSERT_EQ(ran.size(), s[world.rank()].size());
+  for (size_t i = 0; i < ran.size(); ++i)
+    EXPECT_EQ(ran[i], describe(s[world.rank()][i], v)) << "in order";
   // Each (micro, chunk) crosses every rank boundary once each way: an activation to the next
   // rank unless this is the last virtual stage, a gradient back unless it is the first.
   int64_t sends = 0, recvs = 0;
@@ -227,8 +236,9 @@ TEST(Execute, InFlightAndTrafficMatchTheSchedule) {
   if (p == 1) return;  // chunks hand over in memory: no links
   // Each link carries one kind of op, one way (p = 2: the two ranks' links are distinct Comms).
   auto expect_only = [](dtl::Comm& link, OpType op, int64_t count) {
-    EXPECT_EQ(link.stats()[op].count, count) << link.name();
-    EXPECT_EQ(link.stats().total_count(), count) << link.name() << ": only " << dtl::to_string(op);
+    const dtl::CommStats st = MEASURED(link.stats());
+    EXPECT_EQ(st[op].count, count) << link.name();
+    EXPECT_EQ(st.total_count(), count) << link.name() << ": only " << dtl::to_string(op);
   };
   expect_only(links.activations_to_next(), OpType::Send, sends);
   expect_only(links.activations_from_prev(), OpType::Recv, recvs);

@@ -55,6 +55,17 @@ inline std::string text(const std::vector<Action>& actions, int v) {
   return out;
 }
 
+// A schedule from the code under test as the tests compare it: one text per rank, observed
+// (dtl/harness/observe.hpp).
+inline std::vector<std::string> observed(const Schedule& s, int v,
+                                         const char* file = __builtin_FILE(),
+                                         int line = __builtin_LINE()) {
+  std::vector<std::string> texts;
+  for (const auto& actions : s) texts.push_back(text(actions, v));
+  return dtl::testing::observe(std::move(texts), "the schedule, one text per rank",
+                               dtl::testing::Source::kComputed, file, line);
+}
+
 // Fixed schedules for the executor's tests, independent of the student's generators (Task 1):
 // "GPipe", "1F1B" and "interleaved" (v = 2) for p = 1-4 ranks and m = 2p micro-batches, the
 // orders Megatron's schedules.py produces.
@@ -145,7 +156,8 @@ inline void expect_execution_trains_like_serial(const GPTConfig& cfg, const Sche
   for (int s = 0; s < steps; ++s) {
     const auto res =
         dtl::lab12::execute(schedule, chunks, links, *opt, batch(cfg, rows, s).to(device));
-    EXPECT_NEAR(res.loss, expected.first[static_cast<size_t>(s)], 1e-5) << what << ", step " << s;
+    EXPECT_NEAR(OBSERVE(res.loss), expected.first[static_cast<size_t>(s)], 1e-5)
+        << what << ", step " << s;
   }
   for (auto& [name, p] : chunks.named_parameters()) {
     auto it = expected.second.find(name);

@@ -36,6 +36,19 @@ inline torch::TensorOptions dev() {
 // The tracker counts CPU memory only: on a GPU runtime the measuring tests have nothing to read.
 inline bool on_cpu() { return dtl::Runtime::get().device().is_cpu(); }
 
+// An ActivationMemory from the code under test, both fields observed (dtl/harness/observe.hpp):
+// assert on this copy.
+inline ActivationMemory observed(const ActivationMemory& a, const char* file = __builtin_FILE(),
+                                 int line = __builtin_LINE()) {
+  using dtl::testing::observe;
+  const auto src = dtl::testing::Source::kComputed;
+  ActivationMemory o;
+  o.saved = observe(a.saved, "ActivationMemory.saved", src, file, line);
+  o.peak = observe(a.peak, "ActivationMemory.peak", src, file, line);
+  return o;
+}
+
+// Both figures are the student's process's (its gpt_loss ran): MEASURED.
 struct MeasuredStep {
   int64_t saved = 0;  // live bytes at the end of forward, above those before it
   int64_t peak = 0;   // the tracker's peak during forward + backward, above the same
@@ -43,7 +56,8 @@ struct MeasuredStep {
 
 // One forward (gpt_loss under `policy`) and backward of a fresh model(cfg) in train mode, with
 // the gradients allocated beforehand (as from the second step of training on), dropout seeded.
-inline MeasuredStep measure_step(const GPTConfig& cfg, int64_t B, int64_t T, Policy policy) {
+inline MeasuredStep measure_step(const GPTConfig& cfg, int64_t B, int64_t T, Policy policy,
+                                 const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   dtl::memory::install();
   torch::manual_seed(1);
   torch::Tensor tokens = torch::randint(cfg.vocab_size, {B, T + 1}, torch::kInt64);
@@ -57,6 +71,10 @@ inline MeasuredStep measure_step(const GPTConfig& cfg, int64_t B, int64_t T, Pol
   m.saved = static_cast<int64_t>(dtl::memory::current_bytes()) - before;
   loss.backward();
   m.peak = static_cast<int64_t>(dtl::memory::peak_bytes()) - before;
+  using dtl::testing::observe;
+  const auto src = dtl::testing::Source::kMeasured;
+  m.saved = observe(m.saved, "the bytes forward kept", src, file, line);
+  m.peak = observe(m.peak, "the step's peak bytes", src, file, line);
   return m;
 }
 

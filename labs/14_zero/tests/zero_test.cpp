@@ -17,11 +17,11 @@ using dtl::testing::expect_error_mentions;
 // ---------------------------------------------------------------- Task 1: the formulas
 
 TEST(Formulas, ShardSizeIsTheCeiling) {
-  EXPECT_EQ(shard_size(8, 4), 2);
-  EXPECT_EQ(shard_size(10, 4), 3);  // ranks 0-2 own 3, rank 3 owns 1 and 2 of padding
-  EXPECT_EQ(shard_size(0, 3), 0);
-  EXPECT_EQ(shard_size(5, 1), 5);
-  EXPECT_EQ(shard_size(1, 7), 1);
+  EXPECT_EQ(OBSERVE(shard_size(8, 4)), 2);
+  EXPECT_EQ(OBSERVE(shard_size(10, 4)), 3);  // ranks 0-2 own 3, rank 3 owns 1 and 2 of padding
+  EXPECT_EQ(OBSERVE(shard_size(0, 3)), 0);
+  EXPECT_EQ(OBSERVE(shard_size(5, 1)), 5);
+  EXPECT_EQ(OBSERVE(shard_size(1, 7)), 1);
   expect_error_mentions([] { shard_size(-1, 2); }, "numel");
   expect_error_mentions([] { shard_size(4, 0); }, "world");
 }
@@ -33,12 +33,14 @@ TEST(Formulas, ReproduceTheZeroPapersTable) {
   const double want64[] = {120e9, 31.40625e9, 16.640625e9, 1.875e9};  // "120, 31.4, 16.6, 1.88 GB"
   const double want4[] = {120e9, 52.5e9, 41.25e9, 30e9};              // "52.5, 41.3, 30 GB"
   for (int stage = 0; stage <= 3; ++stage) {
-    EXPECT_EQ(static_cast<double>(model_state_bytes(stage, psi, 64, mixed).total()), want64[stage])
+    EXPECT_EQ(static_cast<double>(observed(model_state_bytes(stage, psi, 64, mixed)).total()),
+              want64[stage])
         << "stage " << stage << ", 64 ranks";
-    EXPECT_EQ(static_cast<double>(model_state_bytes(stage, psi, 4, mixed).total()), want4[stage])
+    EXPECT_EQ(static_cast<double>(observed(model_state_bytes(stage, psi, 4, mixed)).total()),
+              want4[stage])
         << "stage " << stage << ", 4 ranks";
   }
-  const auto s2 = model_state_bytes(2, psi, 64, mixed);
+  const auto s2 = observed(model_state_bytes(2, psi, 64, mixed));
   EXPECT_EQ(s2.params, 2 * psi[0]);
   EXPECT_EQ(s2.grads, 2 * psi[0] / 64);
   EXPECT_EQ(s2.optimizer, 12 * psi[0] / 64);
@@ -47,10 +49,10 @@ TEST(Formulas, ReproduceTheZeroPapersTable) {
 // Two units of 10 and 7 elements on 4 ranks: S = 3 + 2, P = 4 S = 20, psi = 17.
 TEST(Formulas, PaddingCountsPerUnitInFp32) {
   const std::vector<int64_t> units = {10, 7};
-  const auto s0 = model_state_bytes(0, units, 4);
-  const auto s1 = model_state_bytes(1, units, 4);
-  const auto s2 = model_state_bytes(2, units, 4);
-  const auto s3 = model_state_bytes(3, units, 4);
+  const auto s0 = observed(model_state_bytes(0, units, 4));
+  const auto s1 = observed(model_state_bytes(1, units, 4));
+  const auto s2 = observed(model_state_bytes(2, units, 4));
+  const auto s3 = observed(model_state_bytes(3, units, 4));
   EXPECT_EQ(s0.params, 68);
   EXPECT_EQ(s0.grads, 68);
   EXPECT_EQ(s0.optimizer, 136);
@@ -101,19 +103,20 @@ void owned_slices(int stage) {
   GPT model(cfg);
   model->to(device());
   ZeroOptimizer zero(model, *comm, stage, adamw());
-  ASSERT_EQ(zero.shards().size(), zero.units().size());
+  const std::vector<dtl::Unit> units = observed_units(zero);
+  ASSERT_EQ(OBSERVE(zero.shards().size()), units.size());
   int64_t offset = 0;
-  for (size_t u = 0; u < zero.units().size(); ++u) {
+  for (size_t u = 0; u < units.size(); ++u) {
     int64_t numel = 0;
-    for (const auto& name : zero.units()[u].params) numel += model->named_parameters()[name].numel();
+    for (const auto& name : units[u].params) numel += model->named_parameters()[name].numel();
     const int64_t S = shard_size(numel, comm->size());
     torch::Tensor unit = torch::zeros({S * comm->size()});
     unit.narrow(0, 0, numel).copy_(expected.narrow(0, offset, numel));
     offset += numel;
-    const torch::Tensor& shard = zero.shards()[u];
-    EXPECT_TRUE(shard.requires_grad()) << "unit " << u;
+    const torch::Tensor& shard = zero.shards().at(u);
+    EXPECT_TRUE(OBSERVE(shard.requires_grad())) << "unit " << u;
     DTL_EXPECT_EQUAL(shard.detach().cpu(), unit.narrow(0, comm->rank() * S, S))
-        << "unit " << zero.units()[u].name << ", rank " << comm->rank();
+        << "unit " << units[u].name << ", rank " << comm->rank();
   }
 }
 DTL_ZERO_TEST_PER_STAGE(ShardsAreTheOwnedSlicesOfEachUnit, owned_slices)
@@ -146,11 +149,12 @@ void evaluation_keeps_nothing(int stage) {
     evaluated = zero.loss(rows);
   }
   const auto after = static_cast<int64_t>(dtl::memory::current_bytes());
-  EXPECT_FALSE(evaluated.requires_grad()) << "a loss under NoGradGuard needs no gradient";
+  const int64_t kept = MEASURED(after - before);
+  EXPECT_FALSE(OBSERVE(evaluated.requires_grad())) << "a loss under NoGradGuard needs no gradient";
   DTL_EXPECT_CLOSE(evaluated, trained);
   if (device().is_cpu()) {
-    EXPECT_LE(after - before, 1024) << "bytes still held after an evaluation under NoGradGuard "
-                                       "(a graph, or a gathered unit)";
+    EXPECT_LE(kept, 1024) << "bytes still held after an evaluation under NoGradGuard "
+                             "(a graph, or a gathered unit)";
   }
 }
 DTL_ZERO_TEST_PER_STAGE(EvaluationUnderNoGradKeepsNoGraph, evaluation_keeps_nothing)
@@ -183,12 +187,14 @@ void no_parameter_grad(int stage) {
   zero.zero_grad();
   zero.loss(my_rows(sampler, 0, *comm)).backward();
   for (const auto& item : model->named_parameters())
-    EXPECT_FALSE(item.value().grad().defined())
+    EXPECT_FALSE(OBSERVE(item.value().grad().defined()))
         << item.key() << ": stage " << stage << " never sets a parameter's .grad";
-  for (size_t u = 0; u < zero.shards().size(); ++u) {
-    const torch::Tensor& g = zero.shards()[u].grad();
-    ASSERT_TRUE(g.defined()) << "unit " << u << ": the shard's gradient, right after backward";
-    EXPECT_EQ(g.numel(), zero.shards()[u].numel()) << "unit " << u;
+  const size_t shards = OBSERVE(zero.shards().size());
+  for (size_t u = 0; u < shards; ++u) {
+    const torch::Tensor& g = zero.shards().at(u).grad();
+    ASSERT_TRUE(OBSERVE(g.defined()))
+        << "unit " << u << ": the shard's gradient, right after backward";
+    EXPECT_EQ(OBSERVE(g.numel()), OBSERVE(zero.shards().at(u).numel())) << "unit " << u;
   }
 }
 TEST(ZeroStage2, NoParameterGradAfterBackward) { no_parameter_grad(2); }
@@ -205,10 +211,10 @@ TEST(ZeroStage3, ParametersExistOnlyWhileTheirUnitRuns) {
   GPT model(cfg);
   model->to(device());
   ZeroOptimizer zero(model, *comm, 3, adamw());
-  auto held = [&] {
+  auto held = [&] {  // observed: the storage the student's code left the parameters
     int64_t bytes = 0;
     for (const auto& p : model->parameters()) bytes += static_cast<int64_t>(p.storage().nbytes());
-    return bytes;
+    return OBSERVE(bytes);
   };
   EXPECT_EQ(held(), 0) << "after construction";
   zero.zero_grad();
@@ -239,7 +245,7 @@ void communication_per_step(int stage) {
   for (int64_t numel : numels) padded_bytes += 4.0 * n * shard_size(numel, n);
   comm->reset_stats();
   zero_step(zero, my_rows(sampler, 0, *comm));
-  const auto st = comm->stats();
+  const auto st = MEASURED(comm->stats());
   const int64_t gathers = stage == 3 ? 2 * units : units;
   EXPECT_EQ(st[OpType::ReduceScatter].count, units);
   EXPECT_EQ(st[OpType::AllGather].count, gathers);

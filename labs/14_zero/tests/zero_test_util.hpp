@@ -31,6 +31,34 @@ using dtl::lab14::ZeroOptimizer;
 using dtl::testing::device;
 using dtl::testing::fresh_comm;
 
+// A ModelStateBytes from the code under test, every field observed (dtl/harness/observe.hpp):
+// assert on this copy.
+inline dtl::lab14::ModelStateBytes observed(const dtl::lab14::ModelStateBytes& s,
+                                            const char* file = __builtin_FILE(),
+                                            int line = __builtin_LINE()) {
+  using dtl::testing::observe;
+  const auto src = dtl::testing::Source::kComputed;
+  dtl::lab14::ModelStateBytes o;
+  o.params = observe(s.params, "ModelStateBytes.params", src, file, line);
+  o.grads = observe(s.grads, "ModelStateBytes.grads", src, file, line);
+  o.optimizer = observe(s.optimizer, "ModelStateBytes.optimizer", src, file, line);
+  return o;
+}
+
+// A ZeroOptimizer's units as the student's code defines them, observed: each unit's name and
+// parameter names.
+inline std::vector<dtl::Unit> observed_units(const ZeroOptimizer& zero,
+                                             const char* file = __builtin_FILE(),
+                                             int line = __builtin_LINE()) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> units;
+  for (const dtl::Unit& u : zero.units()) units.emplace_back(u.name, u.params);
+  units = dtl::testing::observe(std::move(units), "the units (name, parameters)",
+                                dtl::testing::Source::kComputed, file, line);
+  std::vector<dtl::Unit> out;
+  for (auto& [name, params] : units) out.push_back(dtl::Unit{name, params});
+  return out;
+}
+
 // AdamW for the equality tests (eps 1e-6; eps >= 1 shows a gradient summed over the ranks).
 inline dtl::OptimConfig adamw(double eps = 1e-6) { return dtl::testing::equality_adamw(eps); }
 
@@ -105,7 +133,11 @@ inline int64_t heap_bytes() {
   return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
 }
 
-inline MeasuredState measured_state_bytes(const GPTConfig& cfg, int stage, Comm& comm) {
+// Stages 1-3 run the student's ZeroOptimizer: the figures are its process's (MEASURED). Stage 0
+// is the oracle, the process's own.
+inline MeasuredState measured_state_bytes(const GPTConfig& cfg, int stage, Comm& comm,
+                                          const char* file = __builtin_FILE(),
+                                          int line = __builtin_LINE()) {
   dtl::memory::install();
   dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 14);
   dtl::data::GlobalBatchSampler sampler(corpus, 2 * comm.size(), cfg.seq_len);
@@ -147,6 +179,15 @@ inline MeasuredState measured_state_bytes(const GPTConfig& cfg, int stage, Comm&
       m.heap_after_backward = heap();
     }
   }
+  if (stage != 0) {
+    using dtl::testing::observe;
+    const auto src = dtl::testing::Source::kMeasured;
+    m.after_step = observe(m.after_step, "tracked bytes after step()", src, file, line);
+    m.after_backward = observe(m.after_backward, "tracked bytes after backward", src, file, line);
+    m.heap_after_step = observe(m.heap_after_step, "heap bytes after step()", src, file, line);
+    m.heap_after_backward =
+        observe(m.heap_after_backward, "heap bytes after backward", src, file, line);
+  }
   return m;
 }
 
@@ -158,7 +199,7 @@ inline void expect_state_matches_formula(const GPTConfig& cfg, int stage) {
   auto comm = fresh_comm();
   GPT probe(cfg);
   const std::vector<int64_t> numels = dtl::lab14::unit_numels(probe);
-  const int64_t want = dtl::lab14::model_state_bytes(stage, numels, comm->size()).total();
+  const int64_t want = OBSERVE(dtl::lab14::model_state_bytes(stage, numels, comm->size()).total());
   const MeasuredState got = measured_state_bytes(cfg, stage, *comm);
   EXPECT_NEAR(static_cast<double>(got.after_step), static_cast<double>(want), 0.01 * want)
       << "stage " << stage << " on " << comm->size() << " ranks, after step(): measured "
