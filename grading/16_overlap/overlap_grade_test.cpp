@@ -35,6 +35,21 @@ TEST(GradeTrace, OpenWindowsAndManyRanks) {
   EXPECT_NE(report.find('-'), std::string::npos) << "a rank without comm hides nothing: '-'\n" << report;
 }
 
+// A window that starts after a rank's last event: that rank's window is empty, its wall 0
+// (never negative), nothing computed or communicated in it.
+TEST(GradeTrace, AWindowAfterARanksEventsIsEmpty) {
+  std::vector<Event> evs = {ev(0, "compute", 0.000, 0.010), ev(0, "comm world", 0.005, 0.020),
+                            ev(1, "compute", 0.000, 0.050), ev(1, "comm world", 0.030, 0.060)};
+  const auto r = overlap_from_chrome(dtl::trace::chrome_json(evs), 0.040);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].wall, 0.0) << "rank 0's events end at 20 ms, the window starts at 40";
+  EXPECT_EQ(r[0].compute, 0.0);
+  EXPECT_EQ(r[0].comm, 0.0);
+  EXPECT_EQ(r[0].exposed_comm, 0.0);
+  EXPECT_NEAR(r[1].wall, 0.020, 1e-12);
+  EXPECT_NEAR(r[1].exposed_comm, 0.010, 1e-12);
+}
+
 TEST(GradeTrace, TouchingAndNestedIntervals) {
   std::vector<Event> evs = {ev(0, "compute", 0.0, 0.1), ev(0, "compute", 0.1, 0.2),
                             ev(0, "compute", 0.05, 0.06), ev(0, "comm a", 0.15, 0.25),

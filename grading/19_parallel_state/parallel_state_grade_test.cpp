@@ -30,6 +30,14 @@ TEST(GradeRankGroups, PipelineInnermostAndAppendedTokens) {
   EXPECT_EQ(g.size("cp"), 1);
 }
 
+// Missing tokens (all of size 1) are appended in Megatron's order: tp, pp, dp, ep, cp.
+TEST(GradeRankGroups, AppendedTokensInMegatronsOrder) {
+  EXPECT_EQ(RankGenerator(2, 1, 1, 2, 1, "tp-pp").order(), "tp-pp-dp-ep-cp");
+  EXPECT_EQ(RankGenerator(1, 1, 4, 1, 1, "dp").order(), "dp-tp-pp-ep-cp");
+  EXPECT_EQ(RankGenerator(1, 1, 1, 1, 2, "cp-ep").order(), "cp-ep-tp-pp-dp");
+  EXPECT_EQ(RankGenerator(2, 1, 1, 2, 1, "tp-pp").get_ranks("pp"), (Groups{{0, 2}, {1, 3}}));
+}
+
 TEST(GradeRankGroups, ExpertGridCombinations) {
   // 16 ranks, tp 2, ep 4, expert dp 2: tp-ep groups of 8 consecutive ranks.
   const RankGenerator e(2, 4, 2, 1, 1);
@@ -58,6 +66,31 @@ TEST(GradeParallelState, ContextParallelAndPositionEmbedding) {
   }
   EXPECT_EQ(ps.comm("dp-cp").size(), c.cp);
   EXPECT_EQ(ps.comm("tp-pp").size(), c.pp);
+}
+
+// What Megatron accepts although the order does not end in pp: the experts' data-parallel size
+// equals the attention's (ep = cp) and both grids put the stages the same ranks apart.
+TEST(GradeParallelState, OrdersMegatronAcceptsWithExperts) {
+  auto world = dtl::testing::fresh_comm();
+  if (world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  ParallelConfig c;
+  c.pp = 2;
+  c.cp = 2;
+  c.ep = 2;
+  c.order = "tp-cp-ep-pp-dp";
+  ParallelState ps(*world, c);
+  EXPECT_EQ(ps.groups("pp"), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(ps.groups("ep"), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(ps.groups("cp"), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(ps.size("expert_dp"), 1);
+  // pp last: any expert layout.
+  ParallelConfig last;
+  last.pp = 2;
+  last.ep = 2;
+  last.order = "tp-ep-dp-pp";
+  ParallelState ps2(*world, last);
+  EXPECT_EQ(ps2.groups("pp"), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(ps2.groups("ep"), (Groups{{0, 1}, {2, 3}}));
 }
 
 TEST(GradeTranslation, MoreMegatronAndDeepSpeed) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 
 #include "tests/training_stack_test_util.hpp"
@@ -123,12 +124,15 @@ TEST(GradeTime, UnevenLayoutsAndAnotherNetwork) {
 
 TEST(GradeTime, PublishedRunsFitOrSayWhyNot) {
   LAB20_SINGLE_PROCESS();
-  // Every published configuration but Llama 3's on 8,192 GPUs fits in this model's usable memory
-  // (Meta reports a schedule of its own and early freeing to fit that one).
+  // Every published configuration fits in this model's usable memory but three: Llama 3's on
+  // 8,192 GPUs and at 128K tokens (Meta reports a schedule of its own and early freeing, and the
+  // course GPT is not Llama), and ZeRO-3's 529.6B on 640 GPUs (DeepSpeed's activation
+  // partitioning and its buffers are not this model's accounting).
+  const std::set<std::string> over = {"llama3-405b-8k", "llama3-405b-16k-cp16", "zero3-529.6b-640"};
   for (const auto& run : dtl::lab20::published_runs()) {
     const Estimate e = estimate(model_by_name(run.model), cluster(run.cluster), run.plan,
                                 run.global_batch, dtl::lab20::cost_for(run));
-    EXPECT_EQ(e.fits, run.name != "llama3-405b-8k") << run.name << ": " << e.memory_gb_per_gpu << " GiB";
+    EXPECT_EQ(e.fits, over.count(run.name) == 0) << run.name << ": " << e.memory_gb_per_gpu << " GiB";
   }
 }
 

@@ -161,11 +161,12 @@ int main(int argc, char** argv) {
     int sizes = 0;
     for (int64_t bytes = lo; bytes <= hi; bytes *= 4, ++sizes) {
       const int64_t count = bytes / elem;
+      const int64_t size = count * elem;  // what is reduced and printed: a whole number of elements
       const int timed = iters > 0 ? iters : bytes <= (1 << 20) ? 20 : bytes <= (16 << 20) ? 10 : 5;
       const torch::Tensor input = random_input(count, dtype);  // differs per rank (seed + rank)
       torch::Tensor expected = input.clone();
       comm->all_reduce(expected, op);
-      std::string row = fmt::format("  {:>10} {:>10} {:>8} {:>5} ", count * elem, count,
+      std::string row = fmt::format("  {:>10} {:>10} {:>8} {:>5} ", size, count,
                                     dtype_name == "float32" ? "float" : dtype_name, op_name);
       for (auto& a : algos) {
         if (!a.implemented) {
@@ -181,8 +182,8 @@ int main(int argc, char** argv) {
               dtl::sum_over_ranks(static_cast<double>(count_wrong(got, expected, op))));
           torch::Tensor work = torch::zeros({count}, input.options());
           const auto m = dtl::measure([&] { a.run(*comm, work, op); }, warmup, timed);
-          const double algbw = bytes / m.median / 1e9, busbw = algbw * factor;
-          a.points.emplace_back(static_cast<double>(bytes), m.median);
+          const double algbw = static_cast<double>(size) / m.median / 1e9, busbw = algbw * factor;
+          a.points.emplace_back(static_cast<double>(size), m.median);
           a.busbw_sum += busbw;
           a.wrong_total += wrong;
           row +=

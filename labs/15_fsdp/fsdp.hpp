@@ -71,8 +71,10 @@ inline const char* to_string(ShardingStrategy s) {
 struct FSDPConfig {
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
   // Per-unit exceptions by unit name ("root", "blocks.0", ...): e.g. {"root": NO_SHARD} keeps the
-  // small root replicated. FULL_SHARD, SHARD_GRAD_OP and NO_SHARD mix freely; HYBRID_SHARD
-  // cannot be mixed with anything (every unit must share its two groups, as PyTorch requires).
+  // small root replicated. FULL_SHARD, SHARD_GRAD_OP and NO_SHARD mix freely. This lab does not
+  // mix HYBRID_SHARD with the others: a simplification of its own, so that one shard group and
+  // one replicate group serve every unit. (PyTorch allows the mix; it requires only that every
+  // HYBRID_SHARD unit use the same two process groups: _validate_and_get_hybrid_shard_state.)
   std::map<std::string, ShardingStrategy> unit_strategy;
   // HYBRID_SHARD only: the shard group is each run of ranks_per_node consecutive ranks (a node:
   // the emulator and real launchers put consecutive ranks on one node); the replicate group
@@ -264,7 +266,8 @@ struct ShardedEntry {
 //   registered that, in backward, gathers the unit again before its backward runs and, with
 //   BACKWARD_PRE, issues the gather of the unit before it (not the root) asynchronously.
 //   Prefetches respect limit_all_gathers. Every rank issues the same collectives in the same
-//   order.
+//   order. Without autograd recording no backward will come, so every sharded unit (the root
+//   and SHARD_GRAD_OP units included) is released before loss() returns.
 // backward (of that loss): when every parameter of a unit has its gradient (GradReadyHook), the
 //   unit's gradients are flattened and padded (zeros for a parameter without one) and reduced
 //   to the mean over all ranks: sharded units reduce-scatter over shard_comm() (then, for
@@ -310,7 +313,9 @@ class FullyShardedDataParallel {
   std::map<std::string, torch::Tensor> full_state_dict();
   // This rank's pieces of every parameter (no communication), for every unit in units() order
   // and each unit's pieces in order. A replicated unit (NO_SHARD, or the replicas of
-  // HYBRID_SHARD) is listed on every rank that holds it. What lab 17 saves.
+  // HYBRID_SHARD) is listed on every rank that holds it. (Not lab 17's ShardedTensor contract,
+  // which wants every name on every rank and the ranks' ranges disjoint: a checkpoint of these
+  // pieces would list empty ranges and keep one replica of each.)
   std::vector<ShardedEntry> sharded_state_dict() const;
 
   struct State;  // yours: define it in fsdp.cpp

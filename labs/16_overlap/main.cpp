@@ -53,6 +53,8 @@ json chrome(const std::vector<dtl::trace::Event>& events) {
 
 // The window [from, to] of every rank's events on rank 0, read with overlap_from_chrome.
 // Collective. Returns the per-rank figures on rank 0 (empty elsewhere) and the events.
+// Nothing is ever cleared: each measurement reads its own window out of the events recorded
+// so far, so `--trace` writes the whole run (every section, warm-ups included).
 std::vector<RankOverlap> read_window(double from, double to, std::vector<dtl::trace::Event>* all) {
   const double lo = -dtl::max_over_ranks(-from), hi = dtl::max_over_ranks(to);
   std::vector<dtl::trace::Event> evs = dtl::trace::gather_to_rank0();
@@ -88,7 +90,6 @@ void section_matmul(int64_t R, int64_t K, int64_t N, int iters, json& out) {
     dtl::lab16::allgather_matmul(x, weight, *comm, overlap);  // warm-up
     std::vector<RankOverlap> best;
     for (int i = 0; i < iters; ++i) {
-      dtl::trace::clear();
       comm->barrier();
       const double from = dtl::trace::now();
       dtl::lab16::allgather_matmul(x, weight, *comm, overlap);
@@ -196,7 +197,6 @@ void section_ddp(int steps, json& out) {
     auto opt = dtl::make_adamw(*model);
     std::vector<double> totals, exposed;
     for (int s = 0; s <= steps; ++s) {
-      dtl::trace::clear();
       const auto t = dtl::lab04::critical_path(dtl::lab04::timed_step(model, *opt, rows(s), *comm, false));
       if (s == 0) continue;  // warm-up
       // The model predicts backward and its communication: the step without forward and
@@ -254,7 +254,6 @@ void section_fsdp(int steps, int64_t rows_per_rank, json& out) {
     for (int s = 0; s <= steps; ++s) {
       const torch::Tensor rows = sampler.rows(s, world.rank() * rows_per_rank,
                                               (world.rank() + 1) * rows_per_rank).to(world.device());
-      dtl::trace::clear();
       comm->barrier();
       const double from = dtl::trace::now();
       // This rank's live bytes over the step: each unit's gather and release (rank 0's is kept).

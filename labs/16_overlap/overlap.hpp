@@ -42,7 +42,8 @@ namespace dtl::lab16 {
 // ---------------------------------------------------------------- Task 1: reading a trace
 
 // One rank's time accounting over a window [from, to] of a trace, in seconds:
-//   wall          to - from
+//   wall          to - from (0 when the window is empty: an open bound that puts `to` before
+//                 `from`, e.g. a rank whose events all end before a given from_s)
 //   compute       the length of the union of its compute events' intervals (cat "compute")
 //   comm          the length of the union of its communication events' intervals (cat "comm",
 //                 any of its Comm tracks: two ops in flight at once count once)

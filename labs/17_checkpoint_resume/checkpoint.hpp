@@ -17,10 +17,15 @@
 //
 // A shard file is in the safetensors layout (https://github.com/huggingface/safetensors), so
 // `safetensors.torch.load_file` or a 20-line reader opens it: 8 bytes, the header's length N as
-// a little-endian uint64; N bytes of JSON, padded with spaces to a multiple of 8; then the
-// tensors' raw little-endian bytes back to back. The header maps each tensor's name to
-// {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]} (byte offsets from the start
-// of the data), plus an optional "__metadata__" object of string values.
+// a little-endian uint64; N bytes of JSON, padded with spaces (0x20, never NUL: the real reader
+// and Python's json refuse a NUL) to a multiple of 8; then the tensors' raw little-endian bytes
+// back to back. The header maps each tensor's name to {"dtype": "F32", "shape": [...],
+// "data_offsets": [begin, end]} (byte offsets from the start of the data), plus an optional
+// "__metadata__" object of string values. What the real reader checks (safetensors'
+// Metadata::validate and read_metadata) a valid file satisfies: the tensors' byte ranges, in
+// order of begin, tile the data section from byte 0 with no hole and no overlap; each range is
+// exactly numel(shape) x the dtype's size bytes (begin <= end); the data section ends where the
+// last range ends (no trailing bytes).
 //
 // Words the tests look for in error messages are listed with each function ("...").
 #pragma once
@@ -167,7 +172,11 @@ struct ShardHeader {
 };
 // Reads only the header of a shard file. Raises dtl::Error naming the path when the file is
 // missing ("missing"), shorter than its header says ("truncated") or its header is not valid
-// ("header").
+// ("header"): not a JSON object followed only by spaces (a NUL byte in it included); an entry
+// without "dtype", "shape" or "data_offsets", or with a dtype safetensors_dtype does not know;
+// begin > end or end - begin != numel(shape) x the dtype's size; ranges that, sorted by begin,
+// leave a hole or overlap; a file longer than data_start + the last range's end (trailing
+// bytes). Exactly what the real safetensors reader refuses.
 ShardHeader read_shard_header(const std::string& path);
 
 // Reads dst.nbytes() bytes at byte `offset` of the file into `dst` (a contiguous CPU tensor),
@@ -260,8 +269,13 @@ struct LoadResult {
 // Raises dtl::Error on every rank, naming the file, when:
 //   there is no checkpoint ("no checkpoint")             a listed file is missing ("missing")
 //   a file's size differs from the manifest ("truncated") a file's CRC differs ("checksum")
+//   a shard's header is not valid ("header", as read_shard_header)
 //   a tensor's name, shape or dtype differs from into's ("model")
 //   the world size differs and !allow_reshard ("world size")
+//   manifest.json is missing, not JSON, or lacks a key or value this format has ("manifest",
+//   and the key's name in quotes: 'tensors')
+// (A damaged file can break more than one check; which of its words is raised then is yours to
+// choose: a flipped header byte may be reported as "checksum" or as "header".)
 LoadResult load(const std::string& root, Snapshot& into, Comm& comm,
                 const LoadOptions& options = {});
 

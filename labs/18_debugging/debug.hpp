@@ -258,8 +258,9 @@ Analysis analyze(const std::string& dir);
 
 // ---------------------------------------------------------------- Task 4: desync check
 
-// What every rank must agree on before a collective runs (PyTorch's
-// TORCH_DISTRIBUTED_DEBUG=DETAIL checks the same before each collective).
+// What every rank must agree on before a collective runs. (PyTorch's
+// TORCH_DISTRIBUTED_DEBUG=DETAIL checks the op, sequence number, dtypes, device types and
+// shapes, not the reduce op or the root; this fingerprint adds those two.)
 struct Fingerprint {
   OpType op = OpType::Barrier;
   uint64_t seq = 0;                             // the seq the op gets on its Comm

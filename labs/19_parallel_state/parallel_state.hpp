@@ -57,7 +57,9 @@ std::vector<std::vector<int>> rank_groups(const std::vector<int>& sizes, const s
 
 // Megatron's RankGenerator(tp, ep, dp, pp, cp, order): the grid of those sizes laid out in
 // `order` (tokens "tp", "cp", "ep", "dp", "pp" joined by '-', first fastest; a token missing
-// from the order is appended at the end when its size is 1, and is an error otherwise).
+// from the order is appended at the end when its size is 1, and is an error otherwise; the
+// missing ones are appended in Megatron's order tp, pp, dp, ep, cp, as its name_to_size lists
+// them: "pp-tp-dp" becomes "pp-tp-dp-ep-cp", "tp-pp" becomes "tp-pp-dp-ep-cp").
 // world_size() is the product. get_ranks("tp-dp") are the groups spanning tp and dp, in the
 // order rank_groups gives them. Raises dtl::Error when a size is < 1 ("size"), when ep > 1 and
 // cp > 1 together (one grid has one of them: "ep"), when the order repeats or does not know a
@@ -67,7 +69,7 @@ class RankGenerator {
  public:
   RankGenerator(int tp, int ep, int dp, int pp, int cp, const std::string& order = "tp-cp-ep-dp-pp");
   int world_size() const;
-  const std::string& order() const;  // with the appended tokens, e.g. "tp-pp-cp-ep-dp"
+  const std::string& order() const;  // with the appended tokens, e.g. "tp-pp-dp-ep-cp"
   std::vector<std::vector<int>> get_ranks(const std::string& token) const;
   int size(const std::string& token) const;
 
@@ -97,7 +99,12 @@ struct ParallelConfig {
 // members as the group lists them. Ranks in no "embedding" / "position_embedding" group (middle
 // pipeline stages) get none of that name. Raises dtl::Error, before any communication, when
 // tp x cp x pp does not divide the world ("world"), when dp is given and is not world / (tp x cp
-// x pp) ("dp"), when ep does not divide dp x cp ("ep"), or as RankGenerator does.
+// x pp) ("dp"), when ep does not divide dp x cp ("ep"), or as RankGenerator does; and, as
+// Megatron's initialize_model_parallel refuses them, when pp > 1, the order does not end in
+// "pp" and the expert grid's data-parallel size dp x cp / ep differs from dp ("pp-last":
+// Megatron's "When not using pp-last rank ordering, the data parallel size of the attention and
+// moe layers must be the same"), and when the two grids' "pp" groups differ ("pipeline": the
+// attention and the experts of one layer must live on the same pipeline stage).
 class ParallelState {
  public:
   ParallelState(Comm& world, const ParallelConfig& config);
@@ -165,9 +172,9 @@ struct ParallelPlan {
 // divisible by tp x cp x pp ("--tensor-model-parallel-size"); model.n_head and vocab_size
 // divisible by tp ("--tensor-model-parallel-size"); n_layer divisible by pp
 // ("--pipeline-model-parallel-size"); n_layer / pp divisible by the layers per virtual stage
-// ("--num-layers-per-virtual-pipeline-stage"); seq_len divisible by 2 x cp
-// ("--context-parallel-size"); the global batch divisible by micro x dp ("--global-batch-size");
-// --bf16 with --fp16 ("--bf16").
+// ("--num-layers-per-virtual-pipeline-stage"); seq_len divisible by 2 x cp when cp > 1
+// ("--context-parallel-size"; without context parallelism any length goes); the global batch
+// divisible by micro x dp ("--global-batch-size"); --bf16 with --fp16 ("--bf16").
 ParallelPlan from_megatron_args(const std::vector<std::string>& args, int world, const GPTConfig& model);
 
 // A DeepSpeed JSON config (the docs' "train_batch_size", "train_micro_batch_size_per_gpu",

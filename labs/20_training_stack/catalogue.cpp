@@ -192,6 +192,12 @@ std::map<std::string, GPTConfig> models() {
   m["gpt3-175b"] = GPTConfig::gpt3_175b();
   m["llama2-7b-like"] = GPTConfig::llama2_7b_like();
   for (const auto& r : kMegatron) m[r.name] = shape(r.layers, r.hidden, r.heads, 51200, 2048, 0.1);
+  // Narayanan et al. 2021's other two models, in Megatron's vocabulary: GPT-3's shape (96
+  // layers, h 12288, 96 heads: 174.6 B parameters with V = 51,200), compared with ZeRO-3 in
+  // Table 2; and the 162.2 B model of Figure 13 (32 layers, h 20480, 128 heads: Megatron-LM's
+  // examples/sc21/run_figure_13.sh).
+  m["megatron-174.6b"] = shape(96, 12288, 96, 51200, 2048, 0.1);
+  m["megatron-162.2b"] = shape(32, 20480, 128, 51200, 2048, 0.1);
   // OPT-175B (Zhang et al. 2022, Table 1; metaseq's opt_job_constants.py and opt_baselines.py):
   // 96 layers, d 12288, 96 heads, ffn 4d, GPT-2's vocabulary padded to 50,272, sequence 2048,
   // learned positions, dropout 0.1, tied embeddings (ReLU instead of GELU: the same FLOPs).
@@ -206,6 +212,10 @@ std::map<std::string, GPTConfig> models() {
   // with ff = 64,512 keep a layer at Llama's 3.19 B parameters (and so its FLOPs); untied, no
   // biases, no dropout. 405.9 B parameters with the course's learned positions.
   m["llama3-405b-like"] = shape(126, 16384, 128, 128000, 8192, 0.0, false, false, 64512);
+  // The same at the 128K context of Llama 3's long-context pre-training (Dubey et al. 2024,
+  // section 3.4.2; Table 4's third row). The course GPT's learned positions (T h = 2.1 B
+  // parameters at this length; Llama uses RoPE, none) add memory, not FLOPs.
+  m["llama3-405b-like-128k"] = shape(126, 16384, 128, 128000, 131072, 0.0, false, false, 64512);
   // Llama 2 70B's shapes (Touvron et al. 2023: 80 layers, d 8192, 64 heads with 8 key-value
   // heads, FFN 28,672 SwiGLU, vocabulary 32,000, 4K context) the same way: ff = 35,840 keeps a
   // layer at 855.6 M parameters; 69.0 B in all.
@@ -378,6 +388,53 @@ std::vector<PublishedRun> published_runs() {
     run.source = "BigScience tr11-176B-ml README and chronicles (2022-03-18)";
     runs.push_back(run);
   }
+  // Narayanan et al. 2021, Table 2: the 174.6 B and 529.6 B models at a fixed global batch on
+  // 2 and 4 times the GPUs, two ways. PTD-P: tensor 8 x pipeline 12 (174.6 B) or 35 (529.6 B),
+  // micro-batch 1 (the table gives no schedule: the default 1F1B here). ZeRO-3 without model
+  // parallelism (DeepSpeed): every GPU a data-parallel rank, micro-batches of 4, 2, 1 (one per
+  // pipeline: no accumulation); the 529.6 B model did not fit on 560 GPUs and ran on 640 with a
+  // batch of 2560 instead (the table's asterisk). 2021 software, full recomputation (Megatron's
+  // equation (3) counts it, as in Table 1).
+  struct Table2Row {
+    const char* scheme;
+    const char* model;
+    int tp, pp, gpus;
+    int64_t batch, mb;
+    int zero;
+    double tflops;
+  };
+  const std::array<Table2Row, 12> table2 = {{
+      {"ptdp", "megatron-174.6b", 8, 12, 384, 1536, 1, 0, 153},
+      {"ptdp", "megatron-174.6b", 8, 12, 768, 1536, 1, 0, 149},
+      {"ptdp", "megatron-174.6b", 8, 12, 1536, 1536, 1, 0, 141},
+      {"ptdp", "megatron-529.6b", 8, 35, 560, 2240, 1, 0, 171},
+      {"ptdp", "megatron-529.6b", 8, 35, 1120, 2240, 1, 0, 167},
+      {"ptdp", "megatron-529.6b", 8, 35, 2240, 2240, 1, 0, 159},
+      {"zero3", "megatron-174.6b", 1, 1, 384, 1536, 4, 3, 144},
+      {"zero3", "megatron-174.6b", 1, 1, 768, 1536, 2, 3, 88},
+      {"zero3", "megatron-174.6b", 1, 1, 1536, 1536, 1, 3, 44},
+      {"zero3", "megatron-529.6b", 1, 1, 640, 2560, 4, 3, 138},
+      {"zero3", "megatron-529.6b", 1, 1, 1120, 2240, 2, 3, 98},
+      {"zero3", "megatron-529.6b", 1, 1, 2240, 2240, 1, 3, 48}}};
+  for (const Table2Row& r : table2) {
+    PublishedRun run;
+    const std::string size = std::string(r.model).substr(9);  // "174.6b"
+    run.name = fmt::format("{}-{}-{}", r.scheme, size, r.gpus);
+    run.model = r.model;
+    run.cluster = fmt::format("a100-80g:{}", r.gpus);
+    run.global_batch = r.batch;
+    run.plan = published_plan(r.tp, r.pp, r.gpus / (r.tp * r.pp), r.zero, Checkpointing::kFull, r.mb, 1);
+    run.tflops_per_gpu = r.tflops;
+    run.counts_recompute = true;
+    run.source = "Narayanan et al. 2021, Table 2";
+    if (r.zero == 3)
+      run.outside_model =
+          "ZeRO-3 without model parallelism: the model prices one bandwidth-bound all-gather of "
+          "the parameters per forward and backward; DeepSpeed's 2021 ZeRO-3 gathered them "
+          "parameter by parameter over every GPU, and lost per-GPU throughput with the GPU "
+          "count far faster than bandwidth alone explains (Narayanan et al. 2021, section 5.2)";
+    runs.push_back(run);
+  }
   // Llama 3 405B (Dubey et al. 2024, Table 4: 8,192 H100s with TP 8, PP 16, DP 64, 32 sequences
   // of 8,192 per DP group, 430 TFLOP/s per GPU, BF16 MFU 43%; 16,384 H100s with DP 128, 16
   // sequences per group, 400 TFLOP/s, 41%). Section 3.3.2: FSDP sharding optimizer state and
@@ -400,10 +457,106 @@ std::vector<PublishedRun> published_runs() {
     run.source = "Dubey et al. 2024, Table 4 and section 3.3.2";
     runs.push_back(run);
   }
+  {
+    // Table 4's third row: long-context pre-training, 131,072-token sequences over context
+    // parallelism 16 (16,384 H100s: TP 8, CP 16, PP 16, DP 8; 16 M tokens per batch, so 128
+    // sequences, 16 per data-parallel group), 380 TFLOP/s per GPU, BF16 MFU 38%.
+    PublishedRun run;
+    run.name = "llama3-405b-16k-cp16";
+    run.model = "llama3-405b-like-128k";
+    run.cluster = "h100-80g:16384";
+    run.global_batch = 128;
+    run.plan = published_plan(8, 16, 8, 2, Checkpointing::kNone, 1, 8);
+    run.plan.cp = 16;
+    run.flash_attention = run.sequence_parallel = true;
+    run.tflops_per_gpu = 380;
+    run.counts_recompute = false;
+    run.source = "Dubey et al. 2024, Table 4 and section 3.3.2";
+    runs.push_back(run);
+  }
   return runs;
 }
 
 std::vector<std::string> calibration_rows() { return {"megatron-1.7b", "megatron-145.6b", "opt-175b"}; }
+
+double published_mfu(const PublishedRun& run) {
+  const Cluster cl = cluster(run.cluster);
+  return published_tokens_per_s(run) * model_flops_per_token(model_by_name(run.model)) /
+         (cl.gpus * cl.peak_flops);
+}
+
+double constant_mfu(const std::vector<std::string>& rows) {
+  const std::vector<PublishedRun> runs = published_runs();
+  double sum = 0;
+  for (const std::string& name : rows) {
+    const auto it = std::find_if(runs.begin(), runs.end(),
+                                 [&](const PublishedRun& r) { return r.name == name; });
+    DTL_CHECK(it != runs.end(), fmt::format("constant_mfu: no published run '{}'", name));
+    sum += published_mfu(*it);
+  }
+  DTL_CHECK(!rows.empty(), "constant_mfu: no run named");
+  return sum / static_cast<double>(rows.size());
+}
+
+double baseline_tokens_per_s(const PublishedRun& run, double mfu) {
+  const Cluster cl = cluster(run.cluster);
+  return mfu * cl.gpus * cl.peak_flops / model_flops_per_token(model_by_name(run.model));
+}
+
+std::vector<PublishedRanking> published_rankings() {
+  const std::vector<PublishedRun> runs = published_runs();
+  auto row = [&](const std::string& name) {
+    const auto it = std::find_if(runs.begin(), runs.end(),
+                                 [&](const PublishedRun& r) { return r.name == name; });
+    DTL_CHECK(it != runs.end(), fmt::format("published_rankings: no published run '{}'", name));
+    return *it;
+  };
+  std::vector<PublishedRanking> out;
+  const std::string table2 = "Narayanan et al. 2021, Table 2";
+  // The same model over more data-parallel ranks at a fixed global batch: fewer micro-batches
+  // per pipeline (PTD-P: a larger bubble), the same ZeRO-3 traffic per GPU for less compute.
+  for (const char* scheme : {"ptdp-174.6b", "zero3-174.6b"})
+    out.push_back({fmt::format("{}: 384 > 768 > 1536 GPUs per GPU", scheme),
+                   {row(fmt::format("{}-384", scheme)), row(fmt::format("{}-768", scheme)),
+                    row(fmt::format("{}-1536", scheme))}, true, table2});
+  out.push_back({"ptdp-529.6b: 560 > 1120 > 2240 GPUs per GPU",
+                 {row("ptdp-529.6b-560"), row("ptdp-529.6b-1120"), row("ptdp-529.6b-2240")}, true,
+                 table2});
+  out.push_back({"zero3-529.6b: 640 > 1120 > 2240 GPUs per GPU",
+                 {row("zero3-529.6b-640"), row("zero3-529.6b-1120"), row("zero3-529.6b-2240")},
+                 true, table2});
+  // Tensor and pipeline parallelism against ZeRO-3 without model parallelism, on as many GPUs.
+  for (int gpus : {384, 768, 1536})
+    out.push_back({fmt::format("174.6B on {} GPUs: PTD-P > ZeRO-3", gpus),
+                   {row(fmt::format("ptdp-174.6b-{}", gpus)), row(fmt::format("zero3-174.6b-{}", gpus))},
+                   true, table2});
+  for (int gpus : {1120, 2240})
+    out.push_back({fmt::format("529.6B on {} GPUs: PTD-P > ZeRO-3", gpus),
+                   {row(fmt::format("ptdp-529.6b-{}", gpus)), row(fmt::format("zero3-529.6b-{}", gpus))},
+                   true, table2});
+  {
+    // Figure 13: the 162.2 B model on 64 A100s (8 nodes), global batch 128, micro-batch 1, full
+    // recomputation, every (pipeline, tensor) split of 64. The paper: the best is tensor
+    // parallelism over one node (t = 8) and the pipeline across nodes (p = 8); tensor
+    // parallelism across nodes is the worst choice. Only the order is used (the values are
+    // read off a figure).
+    PublishedRanking r{"162.2B on 64 GPUs: (pp 8, tp 8) beats every other (pp, tp)", {}, false,
+                       "Narayanan et al. 2021, Figure 13 and section 5.4.1; Megatron-LM "
+                       "examples/sc21/run_figure_13.sh"};
+    for (int pp : {8, 2, 4, 16, 32}) {
+      PublishedRun run;
+      run.name = fmt::format("megatron-162.2b-pp{}-tp{}", pp, 64 / pp);
+      run.model = "megatron-162.2b";
+      run.cluster = "a100-80g:64";
+      run.global_batch = 128;
+      run.plan = published_plan(64 / pp, pp, 1, 0, Checkpointing::kFull, 1, 1);
+      run.source = r.source;
+      r.best_first.push_back(run);
+    }
+    out.push_back(r);
+  }
+  return out;
+}
 
 CostModel cost_for(const PublishedRun& run, const CostModel& base) {
   CostModel c = base;

@@ -3,12 +3,15 @@
 //   ./lab run 20 -- --model gpt3-175b --cluster a100-80g:1024 --batch 1536
 //                                            the plan table: the chosen plan, the runners-up, why
 //                                            the others lost, the chosen plan's breakdown
-//   ./lab run 20 -- --layers 80 --d-model 8192 --heads 64 --vocab 32000 --seq 4096
-//                   --cluster h100-80g:512 --batch 1024        a model by its shape (one line)
+//   ./lab run 20 -- --layers 80 --d-model 8192 --heads 64 --vocab 32000 --seq 4096 --ff 35840
+//                   --untied --no-bias --cluster h100-80g:512 --batch 1024
+//                                            a model by its shape: llama2-70b-like's estimate
+//                                            (--dropout P for Megatron's models, which use 0.1)
 //   ./lab run 20 -- --model gpt3-175b --cluster a100-80g:1024 --batch 1536
 //                   --fix tp=8,pp=8,dp=16,ckpt=full            one given plan instead of choosing
 //   ./lab run 20 -- ... --json plans.json    every plan that fits, best first, machine-readably
-//   ./lab run 20 -- --published              predicted against published throughput, every run
+//   ./lab run 20 -- --published              predicted against published throughput, every run,
+//                                            beside a constant-MFU baseline; the papers' rankings
 //   ./lab run 20 -- --calibrate              the three constants from the three calibration runs
 //   ./lab run 20 -n 4 -- --train tp=2,pp=2 [--steps 150] [--checkpoint DIR] [--trace run.json]
 //                                            train the tiny GPT with that plan on 4 ranks
@@ -78,21 +81,57 @@ nlohmann::json to_json(const Estimate& e, const std::string& verdict) {
           {"verdict", verdict}};
 }
 
+// Predicted against published throughput for every run, beside the constant-MFU baseline
+// fitted on the same calibration rows; the errors on the held-out rows; the published
+// rankings.
 void published(const CostModel& base) {
   const auto calibrated = calibration_rows();
-  dtl::print0("{:<17} {:>21} {:>6} {:>9} {:>11} {:>11} {:>7} {:>8}", "run", "cluster", "batch",
-              "published", "tokens/s", "predicted", "error", "GiB/GPU");
+  const double mfu = constant_mfu(calibrated);
+  dtl::print0("{:<22} {:>21} {:>6} {:>9} {:>11} {:>11} {:>7} {:>9} {:>8}", "run", "cluster",
+              "batch", "published", "tokens/s", "predicted", "error", "baseline", "GiB/GPU");
+  std::vector<double> planner, baseline;
   for (const auto& run : published_runs()) {
     const Estimate e = estimate(model_by_name(run.model), cluster(run.cluster), run.plan,
                                 run.global_batch, cost_for(run, base));
     const double pub = published_tokens_per_s(run);
+    const double base_err = baseline_tokens_per_s(run, mfu) / pub - 1;
     const bool cal = std::count(calibrated.begin(), calibrated.end(), run.name) > 0;
-    dtl::print0("{:<17} {:>21} {:>6} {:>5.0f} TF/s {:>11.0f} {:>11.0f} {:>+6.1f}% {:>8.1f}{}",
+    if (!cal) {
+      planner.push_back(std::abs(e.tokens_per_s / pub - 1));
+      baseline.push_back(std::abs(base_err));
+    }
+    dtl::print0("{:<22} {:>21} {:>6} {:>5.0f} TF/s {:>11.0f} {:>11.0f} {:>+6.1f}% {:>+8.1f}% {:>8.1f}{}",
                 run.name, run.cluster, run.global_batch, run.tflops_per_gpu, pub, e.tokens_per_s,
-                100 * (e.tokens_per_s / pub - 1), e.memory_gb_per_gpu,
+                100 * (e.tokens_per_s / pub - 1), 100 * base_err, e.memory_gb_per_gpu,
                 cal ? "  calibrated" : (e.fits ? "" : "  (over the usable memory)"));
   }
-  dtl::print0("\nconfigurations: {}", "published_runs() in catalogue.cpp, with their sources");
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+  };
+  dtl::print0("\nheld out ({} rows, none of them calibrated): the planner's mean |error| {:.1f}% "
+              "(max {:.1f}%); a constant {:.1f}% MFU (the calibration rows' mean) {:.1f}% (max "
+              "{:.1f}%)", planner.size(), 100 * mean(planner),
+              100 * *std::max_element(planner.begin(), planner.end()), 100 * mfu,
+              100 * mean(baseline), 100 * *std::max_element(baseline.begin(), baseline.end()));
+  dtl::print0("\npublished rankings (tokens/s per GPU predicted, best first as published):");
+  for (const auto& r : published_rankings()) {
+    std::string line;
+    std::vector<double> per_gpu;
+    for (const auto& run : r.best_first) {
+      const Cluster cl = cluster(run.cluster);
+      const Estimate e = estimate(model_by_name(run.model), cl, run.plan, run.global_batch,
+                                  cost_for(run, base));
+      per_gpu.push_back(e.tokens_per_s / cl.gpus);
+      line += fmt::format(" {:.0f}", e.tokens_per_s / cl.gpus);
+    }
+    bool kept = true;
+    for (size_t i = 1; i < per_gpu.size(); ++i)
+      kept = kept && (r.full_order ? per_gpu[i - 1] > per_gpu[i] : per_gpu[0] > per_gpu[i]);
+    dtl::print0("  {:<58} {:<6}{}", r.name, kept ? "kept" : "LOST", line);
+  }
+  dtl::print0("\nconfigurations: {}", "published_runs() and published_rankings() in catalogue.cpp, with their sources");
 }
 
 }  // namespace
@@ -109,6 +148,12 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_name, "a model by name: " + fmt::format("{}", fmt::join(model_names(), ", ")));
   dtl::add_model_options(app, shape);
   app.add_option("--ff", shape.d_ff, "MLP hidden size (0: 4 x d-model)");
+  // What else the catalogue's models set, so a model given by its dimensions prices exactly as
+  // the named one (Megatron's models train with dropout 0.1; Llama's are untied, without biases).
+  app.add_option("--dropout", shape.dropout, "dropout probability (its masks are activation memory)");
+  bool untied = false, no_bias = false;
+  app.add_flag("--untied", untied, "an output head of its own (not tied to the embedding)");
+  app.add_flag("--no-bias", no_bias, "no biases in the linear layers");
   app.add_option("--cluster", cluster_spec, "NAME:GPUS[,net=GBPS][,per-node=K] (a100-40g, a100-80g, h100-80g)")
       ->capture_default_str();
   app.add_option("--batch", batch, "global batch, sequences per step")->capture_default_str();
@@ -138,6 +183,9 @@ int main(int argc, char** argv) {
     if (app.count("--vocab")) cfg.vocab_size = shape.vocab_size;
     if (app.count("--seq")) cfg.seq_len = shape.seq_len;
     if (app.count("--ff")) cfg.d_ff = shape.d_ff;
+    if (app.count("--dropout")) cfg.dropout = shape.dropout;
+    if (untied) cfg.tied_head = false;
+    if (no_bias) cfg.bias = false;
     cfg.validate();
 
     if (list_published) {

@@ -89,8 +89,10 @@ Cluster cluster(const std::string& spec);
 std::vector<std::string> cluster_names();
 
 // The models the demo and the validation know, by name: "gpt3-175b", "megatron-1.7b" ...
-// "megatron-1t" (Narayanan et al. 2021, Table 1), "opt-175b", "bloom-176b", "llama2-70b-like",
-// "llama3-405b-like", "llama2-7b-like", "tiny", "small". Unknown: dtl::Error "unknown model".
+// "megatron-1t" (Narayanan et al. 2021, Table 1), "megatron-174.6b" (its Table 2) and
+// "megatron-162.2b" (its Figure 13), "opt-175b", "bloom-176b", "llama2-70b-like",
+// "llama3-405b-like" and "llama3-405b-like-128k" (131,072 tokens), "llama2-7b-like", "tiny",
+// "small". Unknown: dtl::Error "unknown model".
 GPTConfig model_by_name(const std::string& name);
 std::vector<std::string> model_names();
 
@@ -236,7 +238,10 @@ Memory memory_per_gpu(const GPTConfig& model, const Cluster& cluster, const Plan
 // micro-batches per pipeline and s = b T / c tokens per micro-batch on a GPU. Every collective
 // runs over a group of ranks placed by Megatron's order: a group of size k whose members are
 // `stride` ranks apart (tp 1, cp t, dp x cp t, consecutive pipeline stages t c d) has
-// per_node = 1 member per node when stride >= g, else min(k, g / stride); its lab 07 Topology
+// per_node = 1 member per node when stride >= g, else gcd(k, g / stride): g / stride when that
+// divides k, and otherwise the largest count that splits the group evenly over its nodes (12
+// ranks of stride 1 on nodes of 8 are priced as 3 nodes of 4, never as 1 node of 8, which
+// would lose 4 ranks); its lab 07 Topology
 // is {nvlink, network, per_node, k / per_node} and an all-reduce of B bytes over it takes
 // allreduce(B) = min(flat_ring_time, hierarchical_time) (0 for k = 1); a reduce-scatter or an
 // all-gather of B bytes (nccl-tests' S: the whole buffer) takes allreduce(B) / 2.
@@ -348,9 +353,13 @@ struct PublishedRun {
   bool counts_recompute = true;  // the published FLOPs include recomputation (Megatron's
                                  // equation (3)); false: model FLOPs (MFU), as Llama 3 reports
   std::string source;          // where the numbers come from
+  // Empty for a run whose layout this cost model prices; otherwise why it does not (the run is
+  // still predicted and reported, and its error is what the model misses there).
+  std::string outside_model;
 };
 std::vector<PublishedRun> published_runs();
-// The three rows calibrate() fits the three constants to; every other row is a prediction.
+// The three rows calibrate() fits the three constants to; every other row is a prediction
+// (held out: none of the constants saw it).
 std::vector<std::string> calibration_rows();
 // `base` with the run's software (flash_attention, sequence_parallel).
 CostModel cost_for(const PublishedRun& run, const CostModel& base = {});
@@ -362,6 +371,28 @@ double published_tokens_per_s(const PublishedRun& run);
 // per run give its coefficients and one 3 x 3 solve gives the constants. Raises dtl::Error
 // unless exactly three known runs are named ("three") or when the system has no solution.
 CostModel calibrate(const std::vector<std::string>& rows, const CostModel& base = {});
+
+// The baseline a planner must beat: a model that knows nothing about layouts and predicts every
+// run at one fraction of peak. published_mfu(run) is the run's published throughput in model
+// FLOPs over its GPUs' peak; constant_mfu(rows) the mean of it over the named runs (fitted on
+// the calibration rows, it is the baseline's one constant); baseline_tokens_per_s(run, mfu) =
+// mfu x gpus x peak / model_flops_per_token. A planner no better than this on the rows it was
+// not fitted on says nothing about layouts. Raises dtl::Error for an unknown run name ("run").
+double published_mfu(const PublishedRun& run);
+double constant_mfu(const std::vector<std::string>& rows);
+double baseline_tokens_per_s(const PublishedRun& run, double mfu);
+
+// An order a paper reports between layouts of one experiment (one model), per GPU fastest
+// first: best_first[i] beats best_first[i + 1] in tokens/s per GPU (full_order), or only
+// best_first[0] beats every other one (the paper names the best; the rest are read off a
+// figure). A run here may have tflops_per_gpu 0: only its place in the order is published.
+struct PublishedRanking {
+  std::string name;
+  std::vector<PublishedRun> best_first;
+  bool full_order = true;
+  std::string source;
+};
+std::vector<PublishedRanking> published_rankings();
 
 // ================================================================ Task 4: does it train
 

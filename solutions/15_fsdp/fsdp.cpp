@@ -474,8 +474,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(GPT model, Comm& comm, const 
   }
   const auto hybrid = std::count(s.strategies.begin(), s.strategies.end(), ShardingStrategy::HYBRID_SHARD);
   DTL_CHECK(hybrid == 0 || hybrid == static_cast<int64_t>(s.strategies.size()),
-            "FSDP: HYBRID_SHARD cannot be mixed with other strategies: every unit must share its "
-            "shard and replicate groups");
+            "FSDP: this lab does not mix HYBRID_SHARD with other strategies (one shard group and "
+            "one replicate group serve every unit)");
   if (hybrid > 0) {
     DTL_CHECK(config.ranks_per_node >= 1 && s.world % config.ranks_per_node == 0,
               fmt::format("FSDP: HYBRID_SHARD needs ranks_per_node >= 1 dividing the {} ranks, got "

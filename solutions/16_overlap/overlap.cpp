@@ -91,7 +91,7 @@ std::vector<RankOverlap> overlap_from_chrome(const std::string& chrome_json, dou
     const Intervals compute = clip(r.compute), comm = clip(r.comm);
     RankOverlap o;
     o.rank = rank;
-    o.wall = to - from;
+    o.wall = std::max(0.0, to - from);  // an open bound can put a rank's end before `from`
     o.compute = length(compute);
     o.comm = length(comm);
     o.exposed_comm = o.comm - intersection(compute, comm);

@@ -163,10 +163,16 @@ ShardHeader read_shard_header(const std::string& path) {
                         path, n, size - 8));
   torch::Tensor text = torch::empty({static_cast<int64_t>(n)}, torch::kUInt8);
   read_bytes(path, 8, text);
-  json j = json::parse(std::string(static_cast<const char*>(text.data_ptr()), n), nullptr, false);
+  const std::string header(static_cast<const char*>(text.data_ptr()), n);
+  // A NUL is no JSON whitespace: the real reader (serde_json) and Python's json refuse it, while
+  // a parser reading C strings would stop there and accept the file.
+  DTL_CHECK(header.find('\0') == std::string::npos && !header.empty() && header.front() == '{',
+            fmt::format("read_shard_header: {}: the header is not a JSON object padded with spaces", path));
+  json j = json::parse(header, nullptr, false);
   DTL_CHECK(j.is_object(), fmt::format("read_shard_header: {}: the header is not valid JSON", path));
   ShardHeader h;
   h.data_start = 8 + static_cast<int64_t>(n);
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // what the real reader validates
   try {
     for (auto& [name, v] : j.items()) {
       if (name == "__metadata__") {
@@ -178,11 +184,42 @@ ShardHeader read_shard_header(const std::string& path) {
       e.shape = v.at("shape").get<std::vector<int64_t>>();
       e.begin = v.at("data_offsets").at(0).get<int64_t>();
       e.end = v.at("data_offsets").at(1).get<int64_t>();
+      int64_t numel = 1;
+      for (int64_t d : e.shape) {
+        DTL_CHECK(d >= 0, fmt::format("read_shard_header: {}: invalid header: tensor '{}' has a "
+                                      "negative dimension", path, name));
+        numel *= d;
+      }
+      int64_t esize = 0;
+      try {
+        esize = static_cast<int64_t>(c10::elementSize(dtype_from_safetensors(e.dtype)));
+      } catch (const Error&) {
+        throw Error(fmt::format("read_shard_header: {}: invalid header: tensor '{}' has an "
+                                "unknown dtype '{}'", path, name, e.dtype));
+      }
+      DTL_CHECK(e.begin >= 0 && e.begin <= e.end && e.end - e.begin == numel * esize,
+                fmt::format("read_shard_header: {}: invalid header: tensor '{}' ({} {}) has the "
+                            "byte range [{}, {}), not {} bytes", path, name, e.dtype,
+                            json(e.shape).dump(), e.begin, e.end, numel * esize));
+      ranges.emplace_back(e.begin, e.end);
       h.tensors[name] = e;
     }
   } catch (const json::exception& ex) {
     throw Error(fmt::format("read_shard_header: {}: invalid header: {}", path, ex.what()));
   }
+  // The ranges, in order, tile the data section exactly: no hole, no overlap, nothing after.
+  std::sort(ranges.begin(), ranges.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : ranges) {
+    DTL_CHECK(b == at, fmt::format("read_shard_header: {}: invalid header: the data has {} at "
+                                   "byte {} (the ranges must tile it)", path,
+                                   b > at ? "a hole" : "an overlap", std::min(b, at)));
+    at = e;
+  }
+  DTL_CHECK(h.data_start + at == size,
+            fmt::format("read_shard_header: {}: invalid header: the tensors end at byte {} of the "
+                        "file, which has {} bytes ({})", path, h.data_start + at, size,
+                        h.data_start + at > size ? "truncated" : "trailing bytes"));
   return h;
 }
 
@@ -294,7 +331,12 @@ std::string save(const std::string& root, const Snapshot& s, Comm& comm, const S
 
 // ---------------------------------------------------------------- Task 3: load
 
-LoadResult load(const std::string& root, Snapshot& into, Comm& comm, const LoadOptions& options) {
+namespace {
+
+// load() without the guard: every manifest key is read with at() (a missing one throws
+// json::exception, which load() turns into a dtl::Error naming the manifest).
+LoadResult load_unchecked(const std::string& root, Snapshot& into, Comm& comm,
+                          const LoadOptions& options) {
   const int m = comm.size(), rank = comm.rank();
   LoadResult result;
   result.directory = options.checkpoint.empty() ? latest(root) : options.checkpoint;
@@ -314,28 +356,28 @@ LoadResult load(const std::string& root, Snapshot& into, Comm& comm, const LoadO
   DTL_CHECK(!result.resharded || options.allow_reshard,
             fmt::format("load: {}: world size {} in the checkpoint, {} in this job (load with "
                         "allow_reshard to reshard it)", manifest_path, result.saved_world_size, m));
-  const json& tensors = manifest["tensors"];
+  const json& tensors = manifest.at("tensors");
   DTL_CHECK(tensors.size() == into.sharded.size(),
             fmt::format("load: {} holds {} tensors, the model {}: a checkpoint of another model",
                         manifest_path, tensors.size(), into.sharded.size()));
   for (const auto& t : into.sharded) {
     DTL_CHECK(tensors.contains(t.name),
               fmt::format("load: {} has no tensor '{}': a checkpoint of another model", manifest_path, t.name));
-    const json& e = tensors[t.name];
-    DTL_CHECK(e["shape"].get<std::vector<int64_t>>() == t.global_shape &&
-                  e["dtype"].get<std::string>() == safetensors_dtype(t.local.scalar_type()),
+    const json& e = tensors.at(t.name);
+    DTL_CHECK(e.at("shape").get<std::vector<int64_t>>() == t.global_shape &&
+                  e.at("dtype").get<std::string>() == safetensors_dtype(t.local.scalar_type()),
               fmt::format("load: {}: tensor '{}' is {} {} in the checkpoint but {} {} in the model",
-                          manifest_path, t.name, e["dtype"].get<std::string>(), e["shape"].dump(),
+                          manifest_path, t.name, e.at("dtype").get<std::string>(), e.at("shape").dump(),
                           safetensors_dtype(t.local.scalar_type()), json(t.global_shape).dump()));
   }
   std::vector<std::string> files;
-  for (auto& [file, info] : manifest["files"].items()) {
+  for (auto& [file, info] : manifest.at("files").items()) {
     const std::string path = (dir / file).string();
     const int64_t size = file_size(path);
     DTL_CHECK(size >= 0, fmt::format("load: {} is missing (listed in {})", path, manifest_path));
-    DTL_CHECK(size == info["bytes"].get<int64_t>(),
+    DTL_CHECK(size == info.at("bytes").get<int64_t>(),
               fmt::format("load: {} is truncated or overwritten: {} bytes, the manifest says {}",
-                          path, size, info["bytes"].get<int64_t>()));
+                          path, size, info.at("bytes").get<int64_t>()));
     files.push_back(file);
   }
 
@@ -353,10 +395,13 @@ LoadResult load(const std::string& root, Snapshot& into, Comm& comm, const LoadO
           read_bytes(path, at, part);
           crc = crc32(part.data_ptr(), part.nbytes(), crc);
         }
-        const auto want = manifest["files"][files[i]]["crc32"].get<uint32_t>();
+        const auto want = manifest.at("files").at(files[i]).at("crc32").get<uint32_t>();
         DTL_CHECK(crc == want, fmt::format("load: {} fails its checksum: CRC-32 {} but the "
                                            "manifest says {} (the file is corrupted)", path, crc, want));
       }
+    } catch (const json::exception& e) {
+      error = fmt::format("load: {}: the manifest lacks a key or holds a wrong value: {}",
+                          manifest_path, e.what());
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -376,11 +421,11 @@ LoadResult load(const std::string& root, Snapshot& into, Comm& comm, const LoadO
       const int64_t esize = static_cast<int64_t>(t.local.element_size());
       torch::Tensor host = torch::empty({t.local.numel()}, t.local.options().device(torch::kCPU));
       int64_t covered = 0;
-      for (const auto& c : tensors[t.name]["chunks"]) {
-        const int64_t cb = c["offset"].get<int64_t>(), ce = cb + c["numel"].get<int64_t>();
+      for (const auto& c : tensors.at(t.name).at("chunks")) {
+        const int64_t cb = c.at("offset").get<int64_t>(), ce = cb + c.at("numel").get<int64_t>();
         const int64_t lo = std::max(begin, cb), hi = std::min(end, ce);
         if (lo >= hi) continue;
-        const std::string file = c["file"].get<std::string>();
+        const std::string file = c.at("file").get<std::string>();
         const ShardHeader& h = header_of(file);
         auto e = h.tensors.find(t.name);
         DTL_CHECK(e != h.tensors.end() && e->second.end - e->second.begin == (ce - cb) * esize,
@@ -413,14 +458,31 @@ LoadResult load(const std::string& root, Snapshot& into, Comm& comm, const LoadO
         t.value.copy_(host);
       }
     }
+  } catch (const json::exception& e) {
+    error = fmt::format("load: {}: the manifest lacks a key or holds a wrong value: {}",
+                        manifest_path, e.what());
   } catch (const std::exception& e) {
     error = e.what();
   }
   raise_if_any(comm, error);
   into.step = result.step;
   into.layout = manifest.value("layout", "");
-  into.counters = manifest["counters"].get<std::map<std::string, int64_t>>();
+  into.counters = manifest.at("counters").get<std::map<std::string, int64_t>>();
   return result;
+}
+
+}  // namespace
+
+LoadResult load(const std::string& root, Snapshot& into, Comm& comm, const LoadOptions& options) {
+  // Every rank reads the same manifest, so a key it lacks throws on every rank at the same point
+  // (before the collective that follows it).
+  try {
+    return load_unchecked(root, into, comm, options);
+  } catch (const json::exception& e) {
+    const std::string dir = options.checkpoint.empty() ? latest(root) : options.checkpoint;
+    throw Error(fmt::format("load: {}/manifest.json lacks a key or holds a wrong value (a damaged "
+                            "manifest, or not this format): {}", dir, e.what()));
+  }
 }
 
 // ---------------------------------------------------------------- Task 4: exact resume

@@ -94,11 +94,13 @@ RankGenerator::RankGenerator(int tp, int ep, int dp, int pp, int cp, const std::
     tokens_.push_back(token);
     sizes_.push_back(it->second);
   }
-  for (const auto& [name, size] : named) {
+  // A dimension of size 1 goes anywhere: at the end, in the order of Megatron's name_to_size.
+  for (const char* name : {"tp", "pp", "dp", "ep", "cp"}) {
     if (seen.count(name)) continue;
+    const int size = std::find_if(named.begin(), named.end(), [&](const auto& n) { return n.first == name; })->second;
     DTL_CHECK(size == 1, fmt::format("RankGenerator: {}={} but the order '{}' does not place it",
                                      name, size, order));
-    tokens_.push_back(name);  // a dimension of size 1 goes anywhere: at the end, as Megatron does
+    tokens_.push_back(name);
     sizes_.push_back(1);
   }
   order_ = fmt::format("{}", fmt::join(tokens_, "-"));
@@ -164,6 +166,17 @@ ParallelState::ParallelState(Comm& world, const ParallelConfig& c) : s_(std::mak
   // The two grids over the same ranks (Megatron-Core's decoder and expert rank generators).
   const RankGenerator dense(c.tp, 1, dp, c.pp, c.cp, c.order);
   const RankGenerator expert(c.tp, c.ep, dp * c.cp / c.ep, c.pp, 1, c.order);
+  // Megatron's two refusals: the experts' and the attention's layers of one pipeline stage must
+  // be the same ranks.
+  const bool pp_last = c.order.size() >= 2 && c.order.compare(c.order.size() - 2, 2, "pp") == 0;
+  DTL_CHECK(pp_last || c.pp == 1 || dp * c.cp / c.ep == dp,
+            fmt::format("ParallelState: order '{}' with pp={}: when not using pp-last rank "
+                        "ordering, the data parallel size of the attention ({}) and moe layers "
+                        "(dp x cp / ep = {}) must be the same", c.order, c.pp, dp, dp * c.cp / c.ep));
+  DTL_CHECK(dense.get_ranks("pp") == expert.get_ranks("pp"),
+            fmt::format("ParallelState: order '{}': the pipeline groups of the dense grid and the "
+                        "expert grid differ (a layer's attention and experts on different stages)",
+                        c.order));
   for (const char* name : {"tp", "cp", "dp", "pp", "dp-cp", "tp-cp", "tp-dp", "tp-dp-cp", "tp-pp"})
     s.groups[name] = dense.get_ranks(name);
   for (const auto& pp : s.groups["pp"]) {
@@ -302,7 +315,7 @@ ParallelPlan from_megatron_args(const std::vector<std::string>& args, int world,
                         p.tp, p.pp, p.cp, model_parallel, world));
   p.dp = world / model_parallel;
   check_model_fits(p, model, "--tensor-model-parallel-size", "--pipeline-model-parallel-size");
-  DTL_CHECK(model.seq_len % (2 * p.cp) == 0,
+  DTL_CHECK(p.cp == 1 || model.seq_len % (2 * p.cp) == 0,
             fmt::format("--context-parallel-size {}: the sequence of {} tokens must split into 2 x "
                         "{} chunks (load-balanced causal attention)", p.cp, model.seq_len, p.cp));
   if (v.count("--num-layers-per-virtual-pipeline-stage")) {

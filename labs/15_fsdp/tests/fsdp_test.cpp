@@ -104,6 +104,14 @@ TEST(Policies, SizeBasedPolicyGroupsConsecutiveBlocks) {
   EXPECT_EQ(units[2].name, "blocks.4");  // what is left
   EXPECT_EQ(dtl::unit_numels(model, units), (std::vector<int64_t>{2 * block, 2 * block, block}));
   EXPECT_EQ(size_based_policy(model, 1).size(), 5u);
+  EXPECT_EQ(size_based_policy(model, 1)[0].name, "blocks.0") << "a unit of one block";
+  // "At least": a group that reaches min_numel exactly is complete.
+  auto exact = size_based_policy(model, block);
+  ASSERT_EQ(exact.size(), 5u) << "one block holds exactly min_numel = " << block << " elements";
+  EXPECT_EQ(exact[4].name, "blocks.4");
+  exact = size_based_policy(model, 2 * block);
+  ASSERT_EQ(exact.size(), 3u);
+  EXPECT_EQ(exact[0].name, "blocks.0-1");
   ASSERT_EQ(size_based_policy(model, 1'000'000'000).size(), 1u);
   EXPECT_EQ(size_based_policy(model, 1'000'000'000)[0].name, "blocks.0-4");
   expect_error_mentions([&] { size_based_policy(model, 0); }, "min_numel");
@@ -199,6 +207,31 @@ TEST(Fsdp, GradientsAreTheMeanOverRanks) {
   expect_fsdp_equals_ddp(config(), {}, 2, adamw(/*eps=*/1.0, /*weight_decay=*/0.0), "FULL_SHARD, eps 1");
 }
 
+// Two backwards before a step add their gradients (the same rows twice: twice the gradient,
+// which AdamW with eps 1 turns into a different step than one backward's).
+TEST(Fsdp, TwoBackwardsAccumulate) {
+  expect_fsdp_equals_ddp(config(), {}, 2, adamw(/*eps=*/1.0, /*weight_decay=*/0.1),
+                         "FULL_SHARD, two backwards per step, eps 1", dtl::lab15::transformer_policy,
+                         /*backwards=*/2);
+}
+
+// Every rank starts from rank 0's parameters, whatever its own model held.
+TEST(Fsdp, StartsFromRankZerosParameters) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = config(2);
+  GPT model(cfg);
+  model->to(device());
+  GPT probe(cfg);  // the same seed: rank 0's values
+  probe->to(device());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(0.25 * comm->rank());
+  }
+  FullyShardedDataParallel fsdp(model, *comm, {}, adamw());
+  DTL_EXPECT_EQUAL(fsdp.full_parameters(), dtl::testing::flat_params(*probe))
+      << "construction broadcasts every parameter from rank 0";
+}
+
 TEST(Fsdp, UntiedHeadAndOddSizesNeedPadding) {
   expect_fsdp_equals_ddp(config(2, 24, /*tied=*/false, /*vocab=*/37), {}, 2, adamw(),
                          "FULL_SHARD, untied head, vocab 37");
@@ -232,12 +265,14 @@ TEST(Fsdp, UnitsAreReleasedAndGradientsSharded) {
 
 // ---------------------------------------------------------------- Task 5: the other strategies
 
+// NO_SHARD and HYBRID_SHARD with eps 1 (the step proportional to the gradient): their
+// gradients are the mean over all ranks, not over one group.
 TEST(Fsdp, EveryStrategyFollowsDdp) {
   const int world = dtl::world().size();
   expect_fsdp_equals_ddp(config(), with(ShardingStrategy::SHARD_GRAD_OP), 2, adamw(), "SHARD_GRAD_OP");
-  expect_fsdp_equals_ddp(config(), with(ShardingStrategy::NO_SHARD), 2, adamw(), "NO_SHARD");
+  expect_fsdp_equals_ddp(config(), with(ShardingStrategy::NO_SHARD), 2, adamw(1.0, 0.1), "NO_SHARD, eps 1");
   expect_fsdp_equals_ddp(config(), with(ShardingStrategy::HYBRID_SHARD, hybrid_ranks_per_node(world)),
-                         2, adamw(), "HYBRID_SHARD");
+                         2, adamw(1.0, 0.1), "HYBRID_SHARD, eps 1");
   FSDPConfig mixed;
   mixed.unit_strategy = {{"root", ShardingStrategy::NO_SHARD}, {"blocks.1", ShardingStrategy::SHARD_GRAD_OP}};
   expect_fsdp_equals_ddp(config(), mixed, 2, adamw(), "root NO_SHARD, blocks.1 SHARD_GRAD_OP");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -117,6 +118,13 @@ TEST(TraceReading, ReportHasOneLinePerRank) {
   EXPECT_EQ(std::count(report.begin(), report.end(), '\n'), 3) << report;  // a header, two ranks
   EXPECT_NE(report.find("50%"), std::string::npos) << "rank 0 hides half its comm:\n" << report;
   EXPECT_NE(report.find("5.00"), std::string::npos) << "rank 0's 5 ms exposed:\n" << report;
+  // A quarter hidden: comm [7.5, 17.5] ms under compute [0, 10] ms. The share is the hidden one.
+  evs = {ev(1, "compute", 0, 0.010), ev(1, "comm world", 0.0075, 0.0175)};
+  const std::string quarter = overlap_report(overlap_from_chrome(dtl::trace::chrome_json(evs)));
+  EXPECT_NE(quarter.find("25%"), std::string::npos) << "2.5 of 10 ms hidden:\n" << quarter;
+  EXPECT_EQ(quarter.find("75%"), std::string::npos) << "75% is the exposed share, not the hidden one:\n"
+                                                   << quarter;
+  EXPECT_NE(quarter.find("7.50"), std::string::npos) << "7.5 ms exposed:\n" << quarter;
 }
 
 TEST(TraceReading, BadTracesAreNamed) {
@@ -155,6 +163,16 @@ TEST(BucketModel, HandComputed) {
   t = bucket_timing(p, 100, 1000);
   EXPECT_EQ(t.buckets, 2);
   EXPECT_NEAR(t.total, 0.075, 1e-12);
+  // Communication that ends before backward does: the step still lasts the whole backward.
+  BackwardProfile early;
+  early.grad_bytes = {100, 100};
+  early.ready_at = {0.010, 0.005};
+  early.backward = 0.040;
+  early.alpha = 0.001;
+  early.beta = 1e-5;  // 1 ms per gradient: {1} [5, 7] ms, {0} [10, 12] ms
+  t = bucket_timing(early, 100, 100);
+  EXPECT_NEAR(t.total, 0.040, 1e-12) << "total = max(backward, the last bucket's end)";
+  EXPECT_NEAR(t.exposed, 0.0, 1e-12);
 }
 
 // A realistic backward: 48 gradients of 64 KiB ready at a steady rate over 120 ms, an
@@ -262,10 +280,18 @@ TEST(CollectiveMatmul, TransfersRunWhileChunksCompute) {
     }
     const auto transfers = named(evs, "sendrecv");
     ASSERT_EQ(transfers.size(), static_cast<size_t>(n - 1));
-    for (int j = 0; j < n - 1; ++j)
+    for (int j = 0; j < n - 1; ++j) {
+      // When the transfer was issued (the runtime records it, in the event's args), on the
+      // same clock as the matmul's scope: before the chunk's matmul ends, not after it.
+      const auto args = nlohmann::json::parse(transfers[j].args);
+      const double issued = transfers[j].start - args.at("issued_ms_before_start").get<double>() / 1e3;
+      EXPECT_LT(issued, matmuls[j].end)
+          << "step " << j << ": issue the transfer (sendrecv_async) before the chunk's matmul, "
+          << "not after it: a transfer issued after the compute hides nothing";
       EXPECT_GT(transfers[j].end, matmuls[j].start + 0.001)
           << "step " << j << ": the transfer must still be in flight when the chunk's matmul "
           << "starts (issue it asynchronously first, compute, then wait)";
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 // restarted by a supervisor. Run: ./lab test 17.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_test_util.hpp"
@@ -32,7 +34,17 @@ TEST(ShardFile, IsInTheSafetensorsLayout) {
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
   EXPECT_EQ(n % 8, 0u) << "the header is padded to a multiple of 8 bytes";
   ASSERT_LE(8 + n, bytes.size());
-  const json h = json::parse(bytes.substr(8, n));
+  // The real reader (serde_json) and Python's json accept a JSON object followed by spaces, and
+  // refuse anything else, a NUL above all (a C-string parser would stop there and miss it).
+  const std::string text = bytes.substr(8, n);
+  EXPECT_EQ(text.find('\0'), std::string::npos) << "a NUL byte in the header: pad with spaces";
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.front(), '{');
+  const size_t close = text.rfind('}');
+  ASSERT_NE(close, std::string::npos);
+  EXPECT_EQ(text.find_first_not_of(' ', close + 1), std::string::npos)
+      << "after the JSON object only spaces may follow";
+  const json h = json::parse(text);
   EXPECT_EQ(h["a"]["dtype"], "F32");
   EXPECT_EQ(h["a"]["shape"], json({2, 3}));
   EXPECT_EQ(h["a"]["data_offsets"], json({0, 24}));
@@ -71,6 +83,17 @@ TEST(ShardFile, HeaderAndByteRangesAreReadAlone) {
   std::string garbage = bytes;
   garbage[9] = '#';  // inside the JSON
   spit(path, garbage);
+  expect_error_mentions([&] { read_shard_header(path); }, "header");
+  // A header padded with NUL bytes instead of spaces: the real reader refuses it, so must you.
+  const std::string one = R"({"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})";  // 53 bytes
+  auto file_with = [&](const std::string& header, const std::string& data) {
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    return out + header + data;
+  };
+  spit(path, file_with(one + std::string(3, ' '), "abc"));
+  EXPECT_EQ(read_shard_header(path).tensors.at("x").end, 3) << "a hand-made valid file";
+  spit(path, file_with(one + std::string(3, '\0'), "abc"));
   expect_error_mentions([&] { read_shard_header(path); }, "header");
 }
 
@@ -130,9 +153,19 @@ TEST(Save, KeepsTheLastKAndIgnoresLeftovers) {
   comm->barrier();
   SaveOptions keep2;
   keep2.keep_last = 2;
+  ino_t pointer = 0;  // the inode of `latest`
   for (int step = 1; step <= 4; ++step) {
     save(root.path(), test_snapshot(comm->rank(), comm->size(), step), *comm, keep2);
     EXPECT_EQ(latest(root.path()), root / fmt::format("step-{:08d}", step));
+    struct stat st {};
+    ASSERT_EQ(::stat((root / "latest").c_str(), &st), 0);
+    // A file rewritten in place keeps its inode (and a reader may see it half written); a new
+    // file renamed over it is another inode (the old one was still in use when it was created).
+    if (step > 1) {
+      EXPECT_NE(st.st_ino, pointer) << "step " << step << ": `latest` was rewritten in place; "
+                                    << "write a temporary file and rename it over `latest`";
+    }
+    pointer = st.st_ino;
   }
   comm->barrier();
   std::vector<std::string> names;
@@ -223,16 +256,17 @@ TEST(Load, DamagedCheckpointsAreRejectedNamingTheFile) {
     load(root.path(), into, *comm, opts);
   };
   const Snapshot like = empty_like({}, r, n);
-  const std::string truncated = damaged("truncated", [&](const std::string& d) {
+  // The copies' names say nothing: an error naming the file must find its word elsewhere.
+  const std::string truncated = damaged("copy-1", [&](const std::string& d) {
     const std::string b = slurp(d + "/" + shard);
     spit(d + "/" + shard, b.substr(0, b.size() - 5));
   });
-  const std::string flipped = damaged("flipped", [&](const std::string& d) {
+  const std::string flipped = damaged("copy-2", [&](const std::string& d) {
     std::string b = slurp(d + "/" + shard);
     b[b.size() - 3] ^= 0x10;
     spit(d + "/" + shard, b);
   });
-  const std::string missing = damaged("missing", [&](const std::string& d) { fs::remove(d + "/" + shard); });
+  const std::string missing = damaged("copy-3", [&](const std::string& d) { fs::remove(d + "/" + shard); });
   for (const auto& [dir, word] : std::vector<std::pair<std::string, std::string>>{
            {truncated, "truncated"}, {flipped, "checksum"}, {missing, "missing"}}) {
     const std::string msg = dtl::testing::error_of([&] { load_dir(dir, like); });
@@ -358,6 +392,36 @@ TEST(Async, WritesTheSnapshotWhileTrainingGoesOn) {
   EXPECT_EQ(saver.wait(), async_root / "step-00000004");
   EXPECT_TRUE(fs::exists(async_root / "step-00000003/manifest.json"));
   EXPECT_EQ(latest(async_root.path()), async_root / "step-00000004");
+}
+
+// The snapshot is in host memory of the saver's own when save() returns: ranks 1..n-1 hand
+// theirs over and overwrite it at once, and rank 0, whose save creates the directory the others
+// write into, starts only after that. So no shard of ranks 1..n-1 can have been written before
+// its tensors were overwritten: a save that kept the caller's tensors writes the new values.
+TEST(Async, SaveCopiesTheSnapshotBeforeItReturns) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks: rank 0's save must start after the others' returned";
+  ScratchDir sync_root(*comm), async_root(*comm);
+  save(sync_root.path(), test_snapshot(r, n, 1), *comm);
+  Snapshot mine = test_snapshot(r, n, 1);
+  AsyncSaver saver(*comm);
+  auto hand_over = [&] {
+    saver.save(async_root.path(), mine);
+    for (auto& t : mine.sharded) t.local.fill_(-7);
+    for (auto& t : mine.per_rank) t.value.fill_(-7);
+  };
+  if (r != 0) hand_over();
+  comm->barrier();
+  if (r == 0) hand_over();
+  EXPECT_EQ(saver.wait(), async_root / "step-00000001");
+  comm->barrier();
+  for (int q = 1; q < n; ++q) {
+    const std::string f = fmt::format("/step-00000001/shard-{:05d}-of-{:05d}.safetensors", q, n);
+    EXPECT_EQ(slurp(async_root.path() + f), slurp(sync_root.path() + f))
+        << f << ": the async save wrote values the caller changed after save() returned (copy "
+        << "every tensor to host memory of your own before returning)";
+  }
 }
 
 // ---------------------------------------------------------------- faults: new processes

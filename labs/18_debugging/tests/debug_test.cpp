@@ -116,7 +116,20 @@ TEST(Recorder, DumpIsOneCompleteJsonFilePerRank) {
   feed(fr, *comm, 1, State::Completed, 5.0, {3, 4});
   feed(fr, *comm, 2, State::Started, 6.0);
   Finding why{"nan", {r}, "", 0, "", "w", 3, "test failure"};
+  // A stale dump of this rank, and a second name (a hard link) for its file: a dump written in
+  // place would change what the second name shows; one renamed into place leaves it alone.
+  const std::string mine = "rank-" + std::to_string(dtl::world().rank()) + ".json";
+  const std::string witness = dir / ("witness-" + std::to_string(dtl::world().rank()));
+  fs::create_directories(dir / "dumps");
+  { std::ofstream(dir / ("dumps/" + mine)) << "stale"; }
+  fs::create_hard_link(dir / ("dumps/" + mine), witness);
   const std::string path = fr.dump(dir / "dumps", "on demand: test", &why);
+  {
+    std::ifstream in(witness);
+    const std::string old((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(old, "stale") << "the dump was written into the existing file, in place: a reader "
+                            << "could see half of it. Write DIR/.rank-<r>.json.tmp, then rename";
+  }
   EXPECT_EQ(path, dir / ("dumps/rank-" + std::to_string(dtl::world().rank()) + ".json"));
   const json j = read_json(path);
   ASSERT_TRUE(j.is_object()) << "not valid JSON: " << path;
@@ -359,7 +372,7 @@ TEST(Analyzer, NamesTheRankThatDied) {
 
 // Ranks 0 and 2 wait in metrics #3; rank 1 never issued it and waits in grads #5: it took
 // another path. (Ranks 0 and 2 never issued grads #5 either: the finding naming fewer ranks
-// comes first.)
+// comes first, although rank 1's op got stuck earlier.)
 TEST(Analyzer, NamesTheRankThatNeverIssuedTheCollective) {
   auto comm = named_comm("an-missing");
   auto dir = scratch(*comm);
@@ -368,9 +381,11 @@ TEST(Analyzer, NamesTheRankThatNeverIssuedTheCollective) {
       write_dump(d, {r, 3, {"grads", "metrics"},
                      {dump_entry("grads", 4, "completed", 1), dump_entry("metrics", 2, "completed", 1.5),
                       dump_entry("metrics", 3, "started", 2, {1})}});
+    // Rank 1 got stuck first (1.9 s, before the others' 2 s): the rule "fewer ranks first"
+    // decides before the time does.
     write_dump(d, {1, 3, {"grads", "metrics"},
                    {dump_entry("grads", 4, "completed", 1), dump_entry("metrics", 2, "completed", 1.5),
-                    dump_entry("grads", 5, "started", 2.1)}});
+                    dump_entry("grads", 5, "started", 1.9)}});
   });
   ASSERT_GE(a.findings.size(), 2u);
   const Finding& f = a.findings[0];

@@ -150,6 +150,13 @@ TEST(ParallelStateGroups, SubCommsConnectTheirGroups) {
         }
         EXPECT_EQ(ps.coord("tp"), me % tp) << what;
         EXPECT_EQ(ps.coord("pp"), me / (tp * cp * (n / (tp * pp * cp)))) << what;
+        // Every coordinate is this rank's position in its group of that dimension.
+        for (const char* dim : {"tp", "cp", "dp", "pp", "ep", "expert_dp"}) {
+          const std::vector<int> mine = ps.group_of(dim);
+          const auto at = std::find(mine.begin(), mine.end(), me);
+          ASSERT_NE(at, mine.end()) << what << ", " << dim;
+          EXPECT_EQ(ps.coord(dim), static_cast<int>(at - mine.begin())) << what << ", " << dim;
+        }
       }
 }
 
@@ -163,6 +170,17 @@ TEST(ParallelStateGroups, ExpertGridComesOutOfDataParallelRanks) {
   EXPECT_EQ(ps.groups("expert_dp"), (Groups{{0, 2}, {1, 3}}));
   EXPECT_EQ(ps.size("expert_dp"), 2);
   EXPECT_EQ(ps.coord("ep"), world->rank() % 2);
+  // With context parallelism the experts come out of dp x cp: cp 2, dp 2, ep 2 gives an
+  // expert data-parallel size of 2 (dp x cp / ep), not dp / ep.
+  ParallelConfig c2;
+  c2.cp = 2;
+  c2.ep = 2;
+  ParallelState ps2(*world, c2);
+  EXPECT_EQ(ps2.groups("cp"), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(ps2.groups("dp"), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(ps2.groups("ep"), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(ps2.groups("expert_dp"), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(ps2.size("expert_dp"), 2);
 }
 
 // tp x dp training (tp 2 where the world is even) with the model on the ParallelState's tp
@@ -193,6 +211,23 @@ TEST(ParallelStateGroups, BadConfigsAreNamed) {
   c.order = "tp-dp";
   c.pp = n;  // a pipeline the order does not place
   if (n > 1) expect_error_mentions([&] { make(c); }, "order");
+  if (n == 4) {
+    // Megatron's refusals: pp 2 not last in the order, and experts taking a data-parallel size
+    // (dp x cp / ep = 1) other than the attention's (dp = 2).
+    c = {};
+    c.pp = 2;
+    c.ep = 2;
+    c.order = "tp-pp-ep-dp";
+    expect_error_mentions([&] { make(c); }, "pp-last");
+    // The same data-parallel size (cp 2 = ep 2), but cp before pp and ep after it: the dense
+    // grid's pipelines are [0, 2] [1, 3], the expert grid's [0, 1] [2, 3].
+    c = {};
+    c.pp = 2;
+    c.cp = 2;
+    c.ep = 2;
+    c.order = "tp-cp-pp-ep-dp";
+    expect_error_mentions([&] { make(c); }, "pipeline");
+  }
 }
 
 // ---------------------------------------------------------------- Task 3: config translation
@@ -228,6 +263,11 @@ TEST(Megatron, TranslatesEveryFlag) {
   EXPECT_EQ(p.recompute, "selective");
   EXPECT_EQ(p.grad_clip, 0.5);
   EXPECT_EQ(p.precision, "bf16");
+  // 12 layers over 2 stages: 6 per stage, chunks of 2 layers: 3 chunks per pipeline rank.
+  const ParallelPlan v = from_megatron_args(
+      {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"}, 2,
+      model(12));
+  EXPECT_EQ(v.virtual_stages, 3);
 }
 
 TEST(Megatron, DefaultsAreMegatrons) {
@@ -241,6 +281,9 @@ TEST(Megatron, DefaultsAreMegatrons) {
   EXPECT_EQ(p.recompute, "none");
   EXPECT_EQ(p.zero_stage, 0);
   EXPECT_EQ(p.virtual_stages, 1);
+  // Without context parallelism the sequence may have any length (Megatron checks 2 x cp only
+  // for cp > 1).
+  EXPECT_EQ(from_megatron_args({}, 2, model(8, 8, 256, 63)).dp, 2);
 }
 
 TEST(Megatron, BadFlagsAreNamed) {
@@ -255,6 +298,9 @@ TEST(Megatron, BadFlagsAreNamed) {
     from_megatron_args({"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"}, 2, m);
   }, "--num-layers-per-virtual-pipeline-stage");
   expect_error_mentions([&] { from_megatron_args({"--context-parallel-size", "3"}, 3, m); },
+                        "--context-parallel-size");
+  // 24 tokens over cp 8: divisible by 8, not by the 2 x 8 chunks of load-balanced attention.
+  expect_error_mentions([&] { from_megatron_args({"--context-parallel-size", "8"}, 8, model(8, 8, 256, 24)); },
                         "--context-parallel-size");
   expect_error_mentions([&] { from_megatron_args({"--micro-batch-size", "3", "--global-batch-size", "10"}, 2, m); },
                         "--global-batch-size");

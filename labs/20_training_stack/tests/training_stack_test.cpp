@@ -1,11 +1,13 @@
 // Lab 20 public tests: the memory model against Korthikanti et al.'s closed forms and lab 12's
-// schedules, the step time term by term, the published runs (calibrated rows exact, every other
-// row within 20%), the planner's choice, and the trainer's compositions against single-process
-// training. Run: ./lab test 20.
+// schedules, the step time term by term, the published runs (calibrated rows exact, every
+// held-out row the model prices within 15%, better than a constant MFU, the papers' rankings
+// kept), the planner's choice, and the trainer's compositions against single-process training.
+// Run: ./lab test 20.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <tuple>
 
 #include "dtl/mesh.hpp"
@@ -248,6 +250,32 @@ TEST(Time, DataParallelReductionPerZeroStage) {
   }
 }
 
+// Context parallelism shards no weights: the gradients are reduced over dp x cp (Megatron's
+// "dp-cp" group). tp 8, cp 2, dp 2 on 4 nodes: the 4 members of a dp-cp group are 8 ranks
+// apart, one per node, on the network.
+TEST(Time, GradientsAreReducedOverDataAndContextRanks) {
+  LAB20_SINGLE_PROCESS();
+  const GPTConfig m = model_by_name("llama2-70b-like");
+  const Plan p = plan_of("tp=8,dp=2,cp=2");
+  const double N = static_cast<double>(params_per_gpu(m, p));
+  const auto st = step_time(m, cluster("h100-80g:32"), p, 4, cost(0.5, 1, 0, true, true));
+  const double want = ring(4, 4 * N, 10e-6, 50e9);
+  EXPECT_NEAR(st.dp_comm, want, 1e-9 * want) << "an all-reduce of 4N bytes over dp x cp = 4 ranks";
+}
+
+// A group whose node share g / stride does not divide it: 12 data-parallel ranks of stride 1 on
+// nodes of 8 are priced as gcd(12, 8) = 4 per node on 3 nodes (min(12, 8) would price 8 ranks).
+TEST(Time, GroupsThatDoNotFillNodesEvenly) {
+  LAB20_SINGLE_PROCESS();
+  const GPTConfig m = model_by_name("megatron-1.7b");
+  const Plan p = plan_of("pp=2,dp=12");
+  const double B = 4 * static_cast<double>(params_per_gpu(m, p));
+  const double flat = ring(12, B, 10e-6, 25e9);
+  const double hier = 2 * (3 * 3e-6 + 3.0 / 4 * B / 300e9) + ring(3, B / 4, 10e-6, 25e9);
+  const auto st = step_time(m, cluster("a100-80g:24"), p, 24, cost(0.5, 1, 0));
+  EXPECT_NEAR(st.dp_comm, std::min(flat, hier), 1e-9 * st.dp_comm);
+}
+
 TEST(Time, PipelineBubbleAndSends) {
   LAB20_SINGLE_PROCESS();
   const GPTConfig m = model_by_name("megatron-145.6b");
@@ -292,22 +320,96 @@ TEST(Published, CalibrationGivesBackTheConstants) {
   EXPECT_NEAR(fitted.dp_overlap, header.dp_overlap, 2e-4 * header.dp_overlap);
 }
 
-// The oracle of the lab: predicted against published throughput for every published run; the
-// three calibrated rows exactly, every other within 20%.
-TEST(Published, EveryOtherRunWithinTwentyPercent) {
+double predicted_tokens_per_s(const dtl::lab20::PublishedRun& run) {
+  return estimate(model_by_name(run.model), cluster(run.cluster), run.plan, run.global_batch,
+                  dtl::lab20::cost_for(run))
+      .tokens_per_s;
+}
+
+bool calibrated(const dtl::lab20::PublishedRun& run) {
+  const auto rows = dtl::lab20::calibration_rows();
+  return std::count(rows.begin(), rows.end(), run.name) > 0;
+}
+
+// Predicted against published throughput for every published run: the three calibrated rows
+// exactly; every held-out row (none of the constants saw it) within 15% where the model prices
+// its layout. The rows outside the model (PublishedRun::outside_model) are printed with their
+// error, which is what the model misses there, and not bounded.
+TEST(Published, EveryHeldOutRowWithinFifteenPercent) {
   LAB20_SINGLE_PROCESS();
-  const auto calibrated = dtl::lab20::calibration_rows();
-  std::printf("%-18s %13s %13s %8s %9s %s\n", "run", "published", "predicted", "error", "GiB/GPU", "");
+  std::printf("%-22s %13s %13s %8s %9s %s\n", "run", "published", "predicted", "error", "GiB/GPU", "");
   for (const auto& run : dtl::lab20::published_runs()) {
     const Estimate e = estimate(model_by_name(run.model), cluster(run.cluster), run.plan,
                                 run.global_batch, dtl::lab20::cost_for(run));
     const double published = dtl::lab20::published_tokens_per_s(run);
     const double error = e.tokens_per_s / published - 1;
-    const bool cal = std::count(calibrated.begin(), calibrated.end(), run.name) > 0;
-    std::printf("%-18s %11.0f/s %11.0f/s %+7.1f%% %9.1f %s\n", run.name.c_str(), published,
-                e.tokens_per_s, 100 * error, e.memory_gb_per_gpu, cal ? "(calibrated)" : "");
-    EXPECT_LT(std::abs(error), cal ? 1e-6 : 0.20) << run.name << " (" << run.source << ")";
+    const bool cal = calibrated(run);
+    std::printf("%-22s %11.0f/s %11.0f/s %+7.1f%% %9.1f %s\n", run.name.c_str(), published,
+                e.tokens_per_s, 100 * error, e.memory_gb_per_gpu,
+                cal ? "(calibrated)" : run.outside_model.empty() ? "" : "(outside the model)");
+    if (cal) {
+      EXPECT_LT(std::abs(error), 1e-6) << run.name << " is a calibration row";
+    } else if (run.outside_model.empty()) {
+      EXPECT_LT(std::abs(error), 0.15) << run.name << " (" << run.source << ")";
+    }
   }
+}
+
+// The baseline a planner must beat: one constant MFU, fitted on the same three calibration
+// rows (their mean), predicting every run alike. On the held-out rows the model prices, the
+// planner's mean |error| must be at most 0.6 x the baseline's; both are printed, with and
+// without the rows outside the model.
+TEST(Published, HeldOutRowsBeatAConstantMfu) {
+  LAB20_SINGLE_PROCESS();
+  const double mfu = dtl::lab20::constant_mfu(dtl::lab20::calibration_rows());
+  double planner = 0, baseline = 0, planner_all = 0, baseline_all = 0;
+  int rows = 0, rows_all = 0;
+  for (const auto& run : dtl::lab20::published_runs()) {
+    if (calibrated(run)) continue;
+    const double published = dtl::lab20::published_tokens_per_s(run);
+    const double p = std::abs(predicted_tokens_per_s(run) / published - 1);
+    const double b = std::abs(dtl::lab20::baseline_tokens_per_s(run, mfu) / published - 1);
+    planner_all += p;
+    baseline_all += b;
+    ++rows_all;
+    if (!run.outside_model.empty()) continue;
+    planner += p;
+    baseline += b;
+    ++rows;
+  }
+  ASSERT_GE(rows, 15) << "held-out rows inside the model";
+  planner /= rows;
+  baseline /= rows;
+  std::printf("held out, inside the model (%d rows): planner %.1f%%, constant %.1f%% MFU %.1f%%; "
+              "all held-out rows (%d): planner %.1f%%, constant %.1f%%\n", rows, 100 * planner,
+              100 * mfu, 100 * baseline, rows_all, 100 * planner_all / rows_all,
+              100 * baseline_all / rows_all);
+  EXPECT_LT(planner, 0.6 * baseline) << "the planner's mean |error| on the held-out rows against a "
+                                        "constant MFU's";
+}
+
+// The orders the papers report between layouts of one experiment, kept by the predictions
+// (tokens/s per GPU) wherever the model prices every layout compared; the others are printed.
+TEST(Published, RankingsAsPublished) {
+  LAB20_SINGLE_PROCESS();
+  int checked = 0;
+  for (const auto& r : dtl::lab20::published_rankings()) {
+    std::vector<double> per_gpu;
+    bool inside = true;
+    for (const auto& run : r.best_first) {
+      per_gpu.push_back(predicted_tokens_per_s(run) / cluster(run.cluster).gpus);
+      inside = inside && run.outside_model.empty();
+    }
+    bool kept = true;
+    for (size_t i = 1; i < per_gpu.size(); ++i)
+      kept = kept && (r.full_order ? per_gpu[i - 1] > per_gpu[i] : per_gpu[0] > per_gpu[i]);
+    std::printf("%-60s %s%s\n", r.name.c_str(), kept ? "kept" : "lost",
+                inside ? "" : " (a layout outside the model)");
+    if (!inside) continue;
+    EXPECT_TRUE(kept) << r.name << " (" << r.source << ")";
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);
 }
 
 // ---------------------------------------------------------------- Task 3: which plan
@@ -397,18 +499,22 @@ TEST(Plan, ConsidersEveryCandidate) {
   EXPECT_EQ(static_cast<int64_t>(dtl::lab20::plan(m, cl, B, CostModel{}).plans.size()), count);
 }
 
-// The planner against what the authors of each published run chose: the chosen plan fits and
-// predicts at least the published throughput.
-TEST(Plan, MatchesOrBeatsEveryPublishedRun) {
+// The planner against what the authors of each published run chose, by its own model: its
+// choice fits, and where the published layout fits too, the choice predicts at least 0.95 x
+// the published layout's tokens/s (the published layout is one of the candidates).
+TEST(Plan, MatchesOrBeatsEveryPublishedLayout) {
   LAB20_SINGLE_PROCESS();
   for (const auto& run : dtl::lab20::published_runs()) {
     const auto report = dtl::lab20::plan(model_by_name(run.model), cluster(run.cluster),
                                          run.global_batch, dtl::lab20::cost_for(run));
     const Estimate& chosen = report.chosen().estimate;
     EXPECT_TRUE(chosen.fits) << run.name;
-    EXPECT_GE(chosen.tokens_per_s, dtl::lab20::published_tokens_per_s(run))
+    const Estimate published = estimate(model_by_name(run.model), cluster(run.cluster), run.plan,
+                                        run.global_batch, dtl::lab20::cost_for(run));
+    if (!published.fits) continue;
+    EXPECT_GE(chosen.tokens_per_s, 0.95 * published.tokens_per_s)
         << run.name << ": the planner's choice " << chosen.plan.describe()
-        << " predicts less than the published run achieved";
+        << " predicts less than 0.95 x the published layout " << run.plan.describe();
   }
 }
 
@@ -555,8 +661,11 @@ TEST(Train, ResumesFromItsCheckpoint) {
     TrainOptions first = o;
     first.checkpoint_dir = dir.path();
     first.steps = 3;
+    first.checkpoint_every = 2;  // after step 2, and after the last one
     const TrainResult a = dtl::lab20::train(plan_of(plan), first, *comm);
     EXPECT_FALSE(a.checkpoint.empty()) << plan;
+    EXPECT_TRUE(std::filesystem::exists(dir / "step-00000002/manifest.json"))
+        << plan << ": checkpoint_every 2 saves after step 2 too";
     TrainOptions second = o;
     second.checkpoint_dir = dir.path();
     const TrainResult b = dtl::lab20::train(plan_of(plan), second, *comm);
