@@ -31,7 +31,11 @@ if(DTL_FMT STREQUAL "torch" OR (DTL_FMT STREQUAL "auto" AND DTL_TORCH_FMT_DIR))
   if(NOT _dtl_fmt_line)
     file(STRINGS ${DTL_TORCH_FMT_DIR}/fmt/base.h _dtl_fmt_line REGEX "^#define FMT_VERSION ")
   endif()
-  string(REGEX MATCH "[0-9]+" DTL_FMT_VERSION "${_dtl_fmt_line}")
+  string(REGEX MATCH "[0-9]+" _dtl_fmt_code "${_dtl_fmt_line}")  # 100100 is 10.1.0
+  math(EXPR _dtl_fmt_major "${_dtl_fmt_code} / 10000")
+  math(EXPR _dtl_fmt_minor "${_dtl_fmt_code} / 100 % 100")
+  math(EXPR _dtl_fmt_patch "${_dtl_fmt_code} % 100")
+  set(DTL_FMT_VERSION "${_dtl_fmt_major}.${_dtl_fmt_minor}.${_dtl_fmt_patch}")
   add_library(fmt::fmt INTERFACE IMPORTED)
   set_target_properties(fmt::fmt PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES ${DTL_TORCH_FMT_DIR}
