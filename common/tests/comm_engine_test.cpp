@@ -204,12 +204,11 @@ class FakeDevice : public DeviceLayer {
   // that opted out (sub null) still takes part. A member that does not call it leaves the others
   // waiting here (the test's watchdog then fails the test).
   std::unique_ptr<DeviceLayer> split(const std::shared_ptr<Comm>& sub, int color, int key) override {
-    auto joined = control_->split(sub ? 0 : -1, key);
+    auto joined = control_->split(sub ? color : -1, key);
     if (!sub) return nullptr;
     if (!joined || joined->size() != sub->size())
       log_->violate(fmt::format("split: the device's group has {} members, the bootstrap's {}",
                                 joined ? joined->size() : 0, sub->size()));
-    (void)color;
     return std::make_unique<FakeDevice>(sub, log_);
   }
 
