@@ -195,7 +195,17 @@ class FakeDevice : public DeviceLayer {
   }
 
   void close() noexcept override {
-    if (!idle()) log_->violate("close() with ops still on the device");
+    // An op that reported Done leaves the queue a moment later: only one still running counts.
+    bool running = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& item : queue_) {
+        std::lock_guard<std::mutex> op_lock(item.state->mu);
+        running |= item.state->status != DeviceOp::Status::Done &&
+                   item.state->status != DeviceOp::Status::Failed;
+      }
+    }
+    if (running) log_->violate("close() with ops still on the device");
     std::lock_guard<std::mutex> lock(log_->mu);
     ++log_->closes;
   }
