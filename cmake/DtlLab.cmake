@@ -125,6 +125,26 @@ function(dtl_add_lab)
     dtl_add_mpi_test(NAME ${lab}.grading TARGET ${lab}_grade_reference RANKS ${L_WORLD_SIZES}
                      LABELS "${lab};reference;grading-tests" TIMEOUT ${L_TIMEOUT})
   endif()
+  # The autograder's split run of the reference against itself at 2 ranks (or the lab's
+  # smallest size): every observed value must come out the same, or an honest student would lose
+  # points to a test that is not deterministic (harness/tests/split_run.sh).
+  if(TARGET ${lab}_test_reference)
+    set(_split_n 2)
+    if(NOT 2 IN_LIST L_WORLD_SIZES)
+      list(GET L_WORLD_SIZES 0 _split_n)
+    endif()
+    set(_split_bins $<TARGET_FILE:${lab}_test_reference>)
+    if(TARGET ${lab}_grade_reference)
+      list(APPEND _split_bins $<TARGET_FILE:${lab}_grade_reference>)
+    endif()
+    add_test(NAME ${lab}.split.n${_split_n}
+             COMMAND bash ${PROJECT_SOURCE_DIR}/harness/tests/split_run.sh ${MPIEXEC_EXECUTABLE}
+                     ${MPIEXEC_NUMPROC_FLAG} ${_split_n} ${DTL_MPIEXEC_PREFLAGS} ${MPIEXEC_PREFLAGS}
+                     -- ${_split_bins})
+    set_tests_properties(${lab}.split.n${_split_n} PROPERTIES PROCESSORS ${_split_n}
+                         TIMEOUT ${L_TIMEOUT} LABELS "${lab};reference;split"
+                         ENVIRONMENT "${DTL_TEST_ENVIRONMENT}")
+  endif()
   if(L_BENCH)
     _dtl_lab_exe(bench ${lab_dir}/${L_BENCH} dtl_bench_main student)
   endif()

@@ -15,6 +15,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -75,7 +76,18 @@ struct State {
   std::vector<size_t> tag_bytes{0};
   std::unordered_map<std::string, int> tag_ids{{"untagged", kUntagged}};
   std::unordered_map<void*, LiveBlock> live;
+  // record_timeline(true) .. (false): every change of `current`, for figures of a step.
+  bool recording = false;
+  std::chrono::steady_clock::time_point t0;
+  std::vector<Sample> samples;
 };
+
+// Caller holds state().mu.
+void sample_locked(State& s, const char* label = "") {
+  if (!s.recording) return;
+  const std::chrono::duration<double> t = std::chrono::steady_clock::now() - s.t0;
+  s.samples.push_back({t.count(), s.current, label});
+}
 
 // Never destroyed on purpose: tensors held by static objects are freed after main() returns,
 // and their deleter must still find the table.
@@ -127,6 +139,7 @@ void free_tracked(void* data) {
   if (it == s.live.end()) return;  // unreachable: every block we hand out is in the table
   s.current -= it->second.bytes;
   s.tag_bytes[static_cast<size_t>(it->second.tag)] -= it->second.bytes;
+  sample_locked(s);
   base = std::move(it->second.base);
   s.live.erase(it);
 }
@@ -159,6 +172,7 @@ class TrackingAllocator final : public c10::Allocator {
       }
       s.current += n;
       s.tag_bytes[static_cast<size_t>(tag)] += n;
+      sample_locked(s);
     }
     c10::DataPtr base;
     try {
@@ -230,6 +244,29 @@ void reset_peak() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.peak = s.current;
+}
+
+void record_timeline(bool on) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (on) {
+    s.samples.clear();
+    s.t0 = std::chrono::steady_clock::now();
+  }
+  s.recording = on;
+  sample_locked(s, on ? "start" : "");
+}
+
+void timeline_mark(const char* label) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  sample_locked(s, label);
+}
+
+std::vector<Sample> timeline() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.samples;
 }
 
 namespace {

@@ -59,6 +59,29 @@ TEST(Memory, OneMiBTensorIsCountedAndReturned) {
   EXPECT_EQ(current_bytes(), before);
 }
 
+TEST(Memory, TimelineRecordsEveryChangeAndTheMarksInOrder) {
+  install();
+  record_timeline(true);
+  const size_t before = current_bytes();
+  torch::Tensor t = tensor_of_bytes(kMiB);
+  timeline_mark("between");
+  t.reset();
+  record_timeline(false);
+  torch::Tensor after_recording = tensor_of_bytes(kMiB);  // not recorded
+  const std::vector<Sample> samples = timeline();
+  ASSERT_GE(samples.size(), 4u);  // start, the allocation, the mark, the free
+  EXPECT_EQ(samples.front().label, "start");
+  size_t mark = 0;
+  while (mark < samples.size() && samples[mark].label != "between") ++mark;
+  ASSERT_LT(mark, samples.size());
+  EXPECT_EQ(samples[mark].bytes, before + kMiB);  // the mark sees the tensor alive
+  EXPECT_EQ(samples.back().bytes, before);        // and the last sample its free
+  for (size_t i = 1; i < samples.size(); ++i) EXPECT_GE(samples[i].seconds, samples[i - 1].seconds);
+  record_timeline(true);  // a new recording starts empty
+  EXPECT_EQ(timeline().size(), 1u);
+  record_timeline(false);
+}
+
 TEST(Memory, PeakTracksForwardAndBackward) {
   install();
   torch::manual_seed(0);

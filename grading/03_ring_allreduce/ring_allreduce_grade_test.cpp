@@ -79,8 +79,8 @@ TEST(GradeRingAllReduce, ShapesOffsetsAndStrides) {
   // A 0-dim tensor.
   auto scalar = torch::tensor(1.5 + r, device_options(torch::kFloat64));
   dtl::lab03::ring_all_reduce(*comm, scalar);
-  EXPECT_EQ(scalar.dim(), 0);
-  EXPECT_DOUBLE_EQ(scalar.item<double>(), 1.5 * n + tri);
+  EXPECT_EQ(OBSERVE(scalar.dim()), 0);
+  EXPECT_DOUBLE_EQ(OBSERVE(scalar.item<double>()), 1.5 * n + tri);
   // A 3-D tensor keeps its shape.
   auto cube = torch::full({3, 5, 7}, 1.0f + r, device_options());
   dtl::lab03::ring_all_reduce(*comm, cube);
@@ -103,8 +103,9 @@ TEST(GradeRingAllReduce, ShapesOffsetsAndStrides) {
   auto line = torch::full({31}, static_cast<int64_t>(r), device_options(torch::kInt64));
   auto every_third = line.slice(0, 0, 31, 3);
   dtl::lab03::ring_all_reduce(*comm, every_third, ReduceOp::Max);
+  const auto line_after = OBSERVE(line);
   for (int64_t i = 0; i < 31; ++i)
-    EXPECT_EQ(line[i].item<int64_t>(), i % 3 == 0 ? n - 1 : r) << "element " << i;
+    EXPECT_EQ(line_after[i].item<int64_t>(), i % 3 == 0 ? n - 1 : r) << "element " << i;
   // A strided view that does not start at its storage's first element (offset 5, stride 4):
   // code that walks data_ptr() of the storage, or forgets the offset, writes the wrong elements.
   auto storage = torch::full({97}, static_cast<float>(r), device_options(torch::kFloat32));
@@ -112,8 +113,9 @@ TEST(GradeRingAllReduce, ShapesOffsetsAndStrides) {
   ASSERT_EQ(view.storage_offset(), 5);
   ASSERT_FALSE(view.is_contiguous());
   dtl::lab03::ring_all_reduce(*comm, view);
+  const auto storage_after = OBSERVE(storage);
   for (int64_t i = 0; i < 97; ++i)
-    EXPECT_EQ(storage[i].item<float>(), i >= 5 && (i - 5) % 4 == 0 ? static_cast<float>(tri)
+    EXPECT_EQ(storage_after[i].item<float>(), i >= 5 && (i - 5) % 4 == 0 ? static_cast<float>(tri)
                                                                     : static_cast<float>(r))
         << "element " << i;
   DTL_EXPECT_SAME_ON_ALL_RANKS(storage.slice(0, 5, 97, 4).contiguous());
@@ -144,9 +146,9 @@ TEST(GradeRingAllReduce, ExactBytesAtPipelinedSizes) {
   const int n = comm->size();
   const int64_t numel = (int64_t{1} << 21) + 3;  // 8 MiB of float32, not divisible by 2..5
   dtl::lab03::ring_all_reduce(*comm, torch::ones({numel}, device_options()));
-  const auto s = comm->stats();
+  const auto s = MEASURED(comm->stats());
   EXPECT_EQ(collectives_used(s), "");
-  EXPECT_LE(sendrecv_destinations(*comm).size(), 1u);
+  EXPECT_LE(MEASURED(sendrecv_destinations(*comm)).size(), 1u);
   const double S = numel * 4.0, sent = static_cast<double>(s[OpType::SendRecv].bytes);
   EXPECT_EQ(dtl::sum_over_ranks(sent), 2.0 * (n - 1) * S);
   const auto [lo, hi] = chunk_extremes(numel, n);
@@ -239,7 +241,7 @@ TEST(GradeRecursiveDoubling, MessageCountAndBytes) {
   const int64_t numel = 1 << 18;  // 1 MiB of float32
   const double S = numel * 4.0;
   dtl::lab03::recursive_doubling_all_reduce(*comm, torch::ones({numel}, device_options()));
-  const auto s = comm->stats();
+  const auto s = MEASURED(comm->stats());
   EXPECT_EQ(collectives_used(s), "");
   const double sent = static_cast<double>(s[OpType::SendRecv].bytes + s[OpType::Send].bytes);
   const int64_t p2p = s[OpType::SendRecv].count + s[OpType::Send].count + s[OpType::Recv].count;
@@ -289,7 +291,7 @@ TEST(GradeBadInput, EveryConstraintRaisesBeforeAnythingIsSent) {
   EXPECT_THAT(error_of([&] { ring_all_gather(*comm, torch::empty({numel + n}, device_options()), ok_out); }),
               ::testing::AnyOf(chunk, ::testing::HasSubstr("no dtl::Error")))
       << "numel + n may or may not change this rank's chunk size";
-  EXPECT_EQ(comm->stats().total_count(), 0) << "a rejected call must not send anything";
+  EXPECT_EQ(MEASURED(comm->stats()).total_count(), 0) << "a rejected call must not send anything";
   // And the Comm is still in step on every rank.
   auto t = torch::ones({numel}, device_options());
   ring_all_reduce(*comm, t);
@@ -313,14 +315,14 @@ TEST(GradeAlphaBeta, FormulasAtManyPoints) {
           auto near = [](double a, double b) {
             return std::abs(a - b) <= 1e-12 * std::max(1.0, b);
           };
-          EXPECT_PRED2(near, alpha_beta_time(Algorithm::RingAllReduce, n, S, alpha, beta), ring)
+          EXPECT_PRED2(near, OBSERVE(alpha_beta_time(Algorithm::RingAllReduce, n, S, alpha, beta)), ring)
               << at;
-          EXPECT_PRED2(near, alpha_beta_time(Algorithm::RingReduceScatter, n, S, alpha, beta), half)
+          EXPECT_PRED2(near, OBSERVE(alpha_beta_time(Algorithm::RingReduceScatter, n, S, alpha, beta)), half)
               << at;
-          EXPECT_PRED2(near, alpha_beta_time(Algorithm::RingAllGather, n, S, alpha, beta), half)
+          EXPECT_PRED2(near, OBSERVE(alpha_beta_time(Algorithm::RingAllGather, n, S, alpha, beta)), half)
               << at;
           EXPECT_PRED2(
-              near, alpha_beta_time(Algorithm::RecursiveDoublingAllReduce, n, S, alpha, beta), rd)
+              near, OBSERVE(alpha_beta_time(Algorithm::RecursiveDoublingAllReduce, n, S, alpha, beta)), rd)
               << at;
         }
 }
@@ -328,11 +330,11 @@ TEST(GradeAlphaBeta, FormulasAtManyPoints) {
 TEST(GradeAlphaBeta, CrossoverSizeWhereBothAlgorithmsTie) {
   // 8 ranks: 3 (a + S/b) = 14 a + 1.75 S/b  =>  S* = 11 a b / 1.25 = 8.8 a b.
   const double a = 3e-6, b = 20e9, S = 8.8 * a * b;
-  const double ring = dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, 8, S, a, b);
-  const double rd = dtl::lab03::alpha_beta_time(Algorithm::RecursiveDoublingAllReduce, 8, S, a, b);
+  const double ring = OBSERVE(dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, 8, S, a, b));
+  const double rd = OBSERVE(dtl::lab03::alpha_beta_time(Algorithm::RecursiveDoublingAllReduce, 8, S, a, b));
   EXPECT_NEAR(ring, rd, 1e-9 * ring);
-  EXPECT_LT(dtl::lab03::alpha_beta_time(Algorithm::RecursiveDoublingAllReduce, 8, S / 2, a, b),
-            dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, 8, S / 2, a, b));
+  EXPECT_LT(OBSERVE(dtl::lab03::alpha_beta_time(Algorithm::RecursiveDoublingAllReduce, 8, S / 2, a, b)),
+            OBSERVE(dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, 8, S / 2, a, b)));
 }
 
 TEST(GradeAlphaBeta, RejectsEveryBadArgument) {

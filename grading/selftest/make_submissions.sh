@@ -36,6 +36,22 @@
 #   lab01       lab 01's reference graded in the lab-03 scratch       -> full marks (reconfigured)
 #   sleepy      sleeps in every call                                 -> stopped by the time budget
 #   flood       prints without end                                   -> stopped by the output cap
+# The trust boundary (grading/README.md, "Trust"): each class of attack that once reached full
+# marks, and honest code that once scored 0:
+#   cheat-asmlabel  an asm label (glibc's __REDIRECT) naming a shell command  -> 0, rejected
+#   cheat-symlink   the "file" is a symbolic link to the reference solution   -> 0, not taken
+#   cheat-process   the skeleton, plus a static initializer that execs the reference's binary
+#                   in its place and one that forks to rewrite the report     -> 0: the sandbox
+#                   stops both (integrity report names them), the skeleton is all that runs
+#   cheat-private   the built-in collective through the Comm's private launch, reached by
+#                   #define private public and by an explicit instantiation   -> 0, rejected
+#   cheat-report-noaudit  the skeleton, plus gtest's fake reporter swallowing every failure of
+#                   its own run (graded with the audit off)                   -> 0: the driver
+#                   finds no value where the tests observe one
+#   honest-std      the reference with std::thread, std::shared_mutex, timed waits on a
+#                   condition variable and a timed mutex, std::ofstream        -> full marks
+#   honest-lab17    lab 17's reference with std::ifstream / std::ofstream       -> full marks
+#   honest-lab18    lab 18's reference with std::shared_mutex and timed waits   -> full marks
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out=$1
@@ -44,7 +60,9 @@ skel="$root/labs/03_ring_allreduce/ring_allreduce.cpp"
 f=ring_allreduce.cpp
 rm -rf "$out"
 for v in correct skeleton nocompile segv deadlock slow partial cheat-source cheat-object \
-         benchcheat localsum destructor daemon-noaudit sleepy flood lab01; do mkdir -p "$out/$v"; done
+         benchcheat localsum destructor daemon-noaudit sleepy flood lab01 cheat-asmlabel \
+         cheat-symlink cheat-process cheat-private cheat-report-noaudit honest-std honest-lab17 \
+         honest-lab18; do mkdir -p "$out/$v"; done
 
 cp "$ref" "$out/correct/$f"
 echo "int main() { return 0; }" >"$out/correct/grader_hack.cpp"
@@ -235,3 +253,114 @@ wrap '  static const std::string line(1 << 20, (char)120);
   for (;;) std::fwrite(line.data(), 1, line.size(), stdout);' >"$out/flood/$f"
 sed -i '1i #include <cstdio>\n#include <string>' "$out/flood/$f"
 
+
+# ---- the trust boundary
+# cheat-asmlabel: an asm label, which can name a symbol anything (the old audit ran
+# `echo 'NAME' | c++filt` through a shell; run.sh also audits an object whose symbol is a command).
+{ cat "$skel"; cat <<'CPP'
+#include <cstdio>
+namespace dtl::lab03 {
+// (glibc's macro for `int selftest_fn(void) __asm__("selftest_alias")`)
+extern "C++" int __REDIRECT_NTH(selftest_fn, (void), selftest_alias);
+}  // namespace dtl::lab03
+CPP
+} >"$out/cheat-asmlabel/$f"
+# cheat-symlink: a link to the reference solution instead of a file.
+ln -s "$ref" "$out/cheat-symlink/$f"
+# cheat-process: exec the reference's test binary in place of the student's (it would record the
+# reference's values), and fork so the parent can rewrite the report the child writes.
+{ cat "$skel"; cat <<'CPP'
+#include <sys/wait.h>
+#include <unistd.h>
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <string>
+namespace dtl::lab03 {
+static const int selftest_exec = [] {
+  char self[PATH_MAX] = {0};
+  if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 0;
+  std::string target = self;
+  const auto at = target.rfind("_student");
+  if (at == std::string::npos) return 0;
+  target.replace(at, 8, "_reference");
+  std::ifstream cmdline("/proc/self/cmdline");
+  std::string all((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t p = 0; p < all.size();) { args.push_back(all.c_str() + p); p += args.back().size() + 1; }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv[0] = target.data();
+  argv.push_back(nullptr);
+  execv(target.c_str(), argv.data());
+  return 0;
+}();
+static const int selftest_fork = [] {
+  const pid_t child = fork();
+  if (child > 0) {  // the parent: wait, then claim every test passed
+    waitpid(child, nullptr, 0);
+    std::ofstream("report.json") << "{\"testsuites\": []}";
+    _exit(0);
+  }
+  return 0;
+}();
+}  // namespace dtl::lab03
+CPP
+} >"$out/cheat-process/$f"
+# cheat-private: the Comm's private launch runs the built-in all-reduce without a trace in
+# Comm::stats() or a Comm::all_reduce symbol: reached by redefining `private`, and by the
+# explicit-instantiation trick that standard C++ allows.
+{ echo '#define private public'; cat "$ref"; cat <<'CPP'
+namespace dtl::lab03 {
+template <auto M> struct SelftestRob { friend auto selftest_launch() { return M; } };
+template struct SelftestRob<&Comm::launch>;
+}  // namespace dtl::lab03
+CPP
+} >"$out/cheat-private/$f"
+# cheat-report-noaudit: gtest's fake reporter swallows every failure of the worker's own run, so
+# its report says everything passed (graded with the audit off, which would reject the include).
+{ cat "$skel"; cat <<'CPP'
+#include <gtest/gtest-spi.h>
+namespace dtl::lab03 {
+static auto* selftest_swallow = new testing::ScopedFakeTestPartResultReporter(
+    testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, new testing::TestPartResultArray);
+}  // namespace dtl::lab03
+CPP
+} >"$out/cheat-report-noaudit/$f"
+# Honest code with what the C++ standard library offers: must keep full marks.
+honest_std='#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+namespace dtl::lab{LAB} {
+// Standard-library synchronisation and files, as an honest student might use them.
+int selftest_honest_std() {
+  std::shared_mutex rw;
+  int value = 0;
+  { std::unique_lock<std::shared_mutex> w(rw); value = 1; }
+  { std::shared_lock<std::shared_mutex> r(rw); value += 1; }
+  std::mutex m;
+  std::condition_variable cv;
+  bool ready = false;
+  std::thread t([&] { std::lock_guard<std::mutex> g(m); ready = true; cv.notify_one(); });
+  { std::unique_lock<std::mutex> l(m); cv.wait_for(l, std::chrono::seconds(5), [&] { return ready; }); }
+  t.join();
+  std::timed_mutex tm;
+  if (tm.try_lock_for(std::chrono::milliseconds(10))) tm.unlock();
+  return value;
+}
+int selftest_honest_files(const std::string& path) {
+  { std::ofstream out(path); out << 42; }
+  std::ifstream in(path);
+  int x = 0;
+  in >> x;
+  return x;
+}
+}  // namespace dtl::lab{LAB}'
+{ cat "$ref"; echo "${honest_std//\{LAB\}/03}"; } >"$out/honest-std/$f"
+{ cat "$root/solutions/17_checkpoint_resume/checkpoint.cpp"; echo "${honest_std//\{LAB\}/17}"; } \
+  >"$out/honest-lab17/checkpoint.cpp"
+{ cat "$root/solutions/18_debugging/debug.cpp"; echo "${honest_std//\{LAB\}/18}"; } \
+  >"$out/honest-lab18/debug.cpp"

@@ -140,6 +140,54 @@ grade flood --no-perf --output-limit-mb 8
 expect flood "score == 0"
 expect flood "reason contains 'output reached the limit of 8 MiB'"
 
+# ---- the trust boundary (grading/README.md, "Trust")
+grade cheat-asmlabel --no-perf
+expect cheat-asmlabel "score == 0"
+expect cheat-asmlabel "reason contains 'asm label'"
+# The object-level check: a symbol whose name is a shell command is rejected by name, and no
+# shell ever sees it (the old audit ran it).
+marker=/tmp/dtl-selftest-pwned-$$
+cat >"$work/label.cpp" <<CPP
+namespace dtl::lab03 {
+extern "C" int selftest_data __asm__("\\"';touch $marker;'\\"");
+int selftest_f() { return selftest_data; }
+}  // namespace dtl::lab03
+CPP
+if c++ -fno-pic -c "$work/label.cpp" -o "$work/label.o" 2>"$work/label.log"; then
+  "$root/build/bin/dtl-grade" --source "$root" --labs 03 --audit-object "$work/label.o" >"$work/label.out" 2>&1
+  if grep -q "not a name" "$work/label.out" && [ ! -e "$marker" ]; then
+    echo "ok   asm label in an object: rejected by name, never run"
+  else
+    echo "FAIL asm label in an object"; cat "$work/label.out"; fails=$((fails + 1)); failed+=("asm label object")
+  fi
+  rm -f "$marker"
+else
+  echo "skip asm label in an object (this assembler refuses the name: $(head -c 200 "$work/label.log"))"
+fi
+grade cheat-symlink --no-perf
+expect cheat-symlink "score == 0"
+expect cheat-symlink "output contains 'symbolic link'"
+expect cheat-symlink "output contains 'Expected'"
+grade cheat-process --no-perf
+expect cheat-process "score == 0"
+expect cheat-process "output contains 'starts or reaches processes'"
+grade cheat-private --no-perf
+expect cheat-private "score == 0"
+expect cheat-private "output contains 'redefined access specifier'"
+expect cheat-private "output contains 'explicit instantiation on a member pointer'"
+grade cheat-report-noaudit --no-perf --no-audit
+expect cheat-report-noaudit "score == 0"
+grade honest-std --no-perf
+expect honest-std "score == max"
+expect honest-std "output contains 'does file I/O'"
+for lab in 17 18; do
+  echo "==== honest-lab$lab"
+  "$root/lab" grade --submission "$work/subs/honest-lab$lab" --json "$work/honest-lab$lab.json" --no-perf \
+    --test-timeout 60 --max-world 2 --only-groups "Task 1" >"$work/honest-lab$lab.log" 2>&1
+  tail -n 6 "$work/honest-lab$lab.log"
+  expect "honest-lab$lab" "score == max"
+done
+
 # Another lab in the same scratch build: it must be configured for that lab, not report "does not
 # compile" because the first lab's DTL_ONLY_LABS stayed.
 echo "==== lab01"
@@ -166,6 +214,19 @@ cp "$ag/results/results.json" "$work/gradescope.json" 2>/dev/null
 tail -n 12 "$work/gradescope.log"
 expect gradescope "correctness == correctness_max"
 expect gradescope "correctness > 0"
+# What students read is clean: no colour codes, no OpenMPI noise from the unprivileged user.
+expect gradescope "output lacks 'Read -1, expected'"
+expect gradescope "output lacks '\u001b['"
+# A misnamed upload: nothing graded, and the student is told what was expected and received.
+rm -f "$ag/submission/"*
+echo "int x;" >"$ag/submission/ring_all_reduce.cc"
+DTL_AUTOGRADER_ROOT="$ag" DTL_AUTOGRADER_SOURCE="$root" DTL_AUTOGRADER_USER="$user" \
+  DTL_GRADE_ARGS="--no-perf" bash "$root/grading/gradescope/run_autograder" >"$work/misnamed.log" 2>&1
+cp "$ag/results/results.json" "$work/misnamed.json" 2>/dev/null
+expect misnamed "score == 0"
+expect misnamed "reason contains 'Expected'"
+expect misnamed "reason contains 'ring_allreduce.cpp'"
+expect misnamed "reason contains 'Received: ring_all_reduce.cc'"
 
 echo "grader self-test: $fails failure(s) in $SECONDS s"
 for f in "${failed[@]}"; do echo "  FAILED $f"; done

@@ -1,41 +1,69 @@
-// audit.hpp — defines: AuditPolicy, audit_objects, audit_sources, qualified_name.
+// audit.hpp — defines: AuditPolicy, Finding, AuditResult, audit_objects, audit_sources,
+// qualified_name.
 //
-// The grader runs student code inside the test process, so a submission could attack the
-// process instead of solving the lab: rewrite the test filter, install a fake gtest reporter,
-// edit the JSON report at exit, compute the result with MPI or through files, spawn a daemon.
-// Each of those needs something the lab's code never needs: a symbol from outside the lab's
-// allowed libraries (MPI_*, fopen, fork, kill, atexit, testing::*), a definition that replaces
-// someone else's function, or a compiler escape hatch (asm, attributes, pragmas, includes of
-// the hidden tests). The audit rejects a submission before any of its code runs:
-//   * undefined symbols of the student's objects (what it calls) must match the allow-list
-//     and no deny pattern (the default policy plus the rubric's "audit" entries);
-//   * defined global symbols (what it provides) must live in the lab's namespace dtl::labNN,
-//     or be template instantiations of the allowed libraries;
-//   * the sources may not use asm, GNU attributes, pragmas, token pasting, extern "C", or
-//     include anything but system headers, dtl/ headers and the lab's own headers.
+// Stage 2 of grading (after intake, before the build of the tests): what a submission's sources
+// use and its objects call and define. Since the verdict comes from a driver process the student's
+// code never runs in, and that code runs in a sandbox (sandbox.hpp), most of what once had to be
+// forbidden is now harmless. The audit keeps two lists:
+//   * rejections (the lab scores 0): what neither the sandbox nor the driver can stop, because it
+//     happens inside the student's own process: doing the lab's work some other way (the Comm's
+//     built-in collectives a lab asks you to write, MPI directly, dlopen/dlsym), tampering with
+//     what the runtime measures in that process (Comm statistics, memory peaks, the trace),
+//     replacing someone else's code (definitions outside the lab's namespace, interposing a
+//     library's symbol, ATen kernels, allocators), reaching private members (the Comm's own
+//     launch of an op, past its counters), the test framework's internals, escapes from the
+//     language that hide any of this from the audit (asm and asm labels, GNU attributes,
+//     pragmas, includes of files outside the allowed set, symbol names that are not names);
+//   * integrity notes (no points lost): what the audit noticed but the sandbox or the driver made
+//     harmless (starting processes, file I/O beyond the rubric's allowance, exiting early, reading
+//     the environment, raw system calls, naming /proc), and what nothing stops automatically but a
+//     human should read (walking the ELF tables or libc's internals).
+//     Each note names what neutralises it; if that mechanism is missing on this machine (no
+//     seccomp, no Landlock, an in-process verdict), the note becomes a rejection instead.
+// Honest code written with the C++ standard library (threads, shared mutexes, timed waits,
+// fstreams where the lab does file I/O) is never rejected; CI grades such variants of the
+// references at full marks (grading/selftest).
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "tools.hpp"
 
 namespace dtl::grade {
 
 struct AuditPolicy {
   std::string lab;                     // "03": student definitions must be in dtl::lab03
   std::vector<std::string> allow;      // extra allowed patterns (ECMAScript regex, on the name);
-                                       // a name they match is exempt from the default deny list
+                                       // a name they match is exempt from every default rule
   std::vector<std::string> deny;       // extra denied patterns (e.g. the collectives lab 03 builds)
   std::vector<std::string> headers;    // the lab's own headers students may include
   std::vector<std::string> libraries;  // shared libraries the tests link (weak definitions may
                                        // not replace theirs); empty: skip that check
+  Identity as;                         // run nm as this user (the student's, when grading as root)
 };
 
-// Problems found in the student's object files (empty: clean). Runs `nm`.
-std::vector<std::string> audit_objects(const std::vector<std::string>& objects,
-                                       const AuditPolicy& p);
+struct Finding {
+  std::string text;            // "calls fork", "checkpoint.cpp:12: #define private public"
+  std::string neutralized_by;  // "" (a rejection), or "seccomp", "landlock", "driver"
+};
 
-// Problems found in the student's source files (empty: clean).
-std::vector<std::string> audit_sources(const std::vector<std::string>& files, const AuditPolicy& p);
+struct AuditResult {
+  std::vector<Finding> findings;
+  // The findings that cost the lab its points, given what this grading run has: a note whose
+  // mechanism is missing counts as a rejection.
+  std::vector<std::string> rejections(bool seccomp, bool landlock, bool driver) const;
+  std::vector<std::string> notes(bool seccomp, bool landlock, bool driver) const;
+  void add(const AuditResult& other) {
+    findings.insert(findings.end(), other.findings.begin(), other.findings.end());
+  }
+};
+
+// What the student's object files call and define (runs nm; demangles in-process).
+AuditResult audit_objects(const std::vector<std::string>& objects, const AuditPolicy& p);
+
+// What the student's source files use (before anything is compiled).
+AuditResult audit_sources(const std::vector<std::string>& files, const AuditPolicy& p);
 
 // "bool at::Tensor::item<bool>() const" -> "at::Tensor::item<bool>"; "vtable for std::X" ->
 // "std::X".

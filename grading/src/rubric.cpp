@@ -41,8 +41,8 @@ static Rubric parse(const fs::path& file) {
     g.name = need(t, "name").get<std::string>();
     g.binary = need(t, "binary").get<std::string>();
     if (g.binary != "test" && g.binary != "grade")
-      throw std::runtime_error(fmt::format("{}: test group '{}': binary must be test or grade",
-                                           file.string(), g.name));
+      throw std::runtime_error(
+          fmt::format("{}: test group '{}': binary must be test or grade", file.string(), g.name));
     g.filter = t.value("filter", "*");
     g.world_sizes = need(t, "world_sizes").get<std::vector<int>>();
     g.points = need(t, "points").get<double>();
@@ -55,6 +55,8 @@ static Rubric parse(const fs::path& file) {
     r.audit_deny = j["audit"].value("deny", std::vector<std::string>{});
   }
   r.autograder_only_points = j.value("autograder_only_points", 0.0);
+  if (j.contains("sandbox")) r.sandbox_processes = j["sandbox"].value("processes", false);
+  r.observed = j.value("observed", false);
   for (auto& p : j.value("performance", json::array())) {
     PerfCheck c;
     c.name = need(p, "name").get<std::string>();
@@ -63,13 +65,24 @@ static Rubric parse(const fs::path& file) {
     c.counter = p.value("counter", "real_time");
     c.higher_is_better = p.value("higher_is_better", c.counter != "real_time");
     c.min_ratio = p.value("min_ratio", 0.8);
+    if (p.contains("repetitions")) {
+      const auto reps = p["repetitions"].get<std::vector<int>>();
+      if (reps.size() != 2 || reps[0] < 1 || reps[1] <= reps[0])
+        throw std::runtime_error(
+            fmt::format("{}: performance '{}': repetitions must be [low, high], "
+                        "1 <= low < high",
+                        file.string(), c.name));
+      c.repetitions_low = reps[0];
+      c.repetitions_high = reps[1];
+    }
     c.points = need(p, "points").get<double>();
     r.performance.push_back(c);
   }
   return r;
 }
 
-std::vector<Rubric> load_rubrics(const std::string& source_dir, const std::vector<std::string>& only) {
+std::vector<Rubric> load_rubrics(const std::string& source_dir,
+                                 const std::vector<std::string>& only) {
   std::vector<Rubric> out;
   fs::path root = fs::path(source_dir) / "grading";
   if (!fs::exists(root)) return out;
@@ -100,7 +113,8 @@ bool filter_matches(const std::string& filter, const std::string& name) {
     return false;
   };
   const std::string pos = filter.substr(0, dash);
-  return (pos.empty() ? true : any(pos)) && (dash == std::string::npos || !any(filter.substr(dash + 1)));
+  return (pos.empty() ? true : any(pos)) &&
+         (dash == std::string::npos || !any(filter.substr(dash + 1)));
 }
 
 }  // namespace dtl::grade

@@ -1,8 +1,10 @@
-// Child processes with a hard timeout: nothing the student's code does can hang the grader.
+// Child processes with a hard timeout (run.hpp).
 #include "run.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -14,11 +16,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <stdexcept>
 #include <thread>
 #include <vector>
+
+namespace fs = std::filesystem;
 
 namespace dtl::grade {
 
@@ -35,9 +39,66 @@ std::string tail(const std::string& text, int lines) {
   return text;
 }
 
+namespace {
+
+long long dir_size(const std::string& dir) {
+  long long total = 0;
+  std::error_code ec;
+  for (auto it =
+           fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += st.st_blocks * 512LL;
+  }
+  return total;
+}
+
+// In the child, after fork: limits, identity, then the program. Never returns.
+[[noreturn]] void exec_child(const std::vector<std::string>& argv,
+                             const std::vector<std::string>& env, const Limits& limits,
+                             const Identity& as) {
+  // Inherited by mpirun and every rank: a file beyond the cap ends the writer (SIGXFSZ) instead
+  // of filling the disk; a rank past its memory cap fails to allocate.
+  if (limits.file_bytes > 0) {
+    rlimit r{static_cast<rlim_t>(limits.file_bytes), static_cast<rlim_t>(limits.file_bytes)};
+    setrlimit(RLIMIT_FSIZE, &r);
+  }
+  if (limits.data_bytes > 0) {
+    rlimit r{static_cast<rlim_t>(limits.data_bytes), static_cast<rlim_t>(limits.data_bytes)};
+    setrlimit(RLIMIT_DATA, &r);
+  }
+  if (as.dropped() && (setgroups(0, nullptr) != 0 || setgid(static_cast<gid_t>(as.gid)) != 0 ||
+                       setuid(static_cast<uid_t>(as.uid)) != 0)) {
+    std::fprintf(stderr, "cannot switch to uid %d: %s\n", as.uid, std::strerror(errno));
+    _exit(126);
+  }
+  for (auto& kv : env) putenv(strdup(kv.c_str()));
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
+  _exit(127);
+}
+
+}  // namespace
+
+bool pid_namespaces_available() {
+  static const bool available = [] {
+    if (geteuid() != 0) return false;
+    const pid_t pid = fork();
+    if (pid == 0) _exit(unshare(CLONE_NEWPID) == 0 ? 0 : 1);
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+  }();
+  return available;
+}
+
 RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
                       const std::vector<std::string>& env, const std::string& cwd,
-                      const Limits& limits) {
+                      const Limits& limits, const Launch& launch) {
   RunResult result;
   char path[] = "/tmp/dtl-grade-out-XXXXXX";
   int out_fd = mkstemp(path);
@@ -46,6 +107,7 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
     return result;
   }
   unlink(path);  // only the descriptor keeps it alive
+  const bool namespace_ = launch.own_pid_namespace && pid_namespaces_available();
   auto start = std::chrono::steady_clock::now();
   pid_t pid = fork();
   if (pid == 0) {
@@ -55,35 +117,39 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
     dup2(out_fd, 1);
     dup2(out_fd, 2);
     if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
-    // Inherited by mpirun and every rank: output beyond the cap ends the writer (SIGXFSZ)
-    // instead of filling the disk; a rank past its memory cap fails to allocate.
-    if (limits.file_bytes > 0) {
-      rlimit r{static_cast<rlim_t>(limits.file_bytes), static_cast<rlim_t>(limits.file_bytes)};
-      setrlimit(RLIMIT_FSIZE, &r);
+    if (!namespace_) exec_child(argv, env, limits, launch.as);
+    // The job's first process becomes PID 1 of a new namespace: when it ends, the kernel kills
+    // everything else in there. This process waits for it and passes its status on.
+    if (unshare(CLONE_NEWPID) != 0) exec_child(argv, env, limits, launch.as);
+    const pid_t init = fork();
+    if (init == 0) exec_child(argv, env, limits, launch.as);
+    int status = 0;
+    while (waitpid(init, &status, 0) < 0 && errno == EINTR) {
     }
-    if (limits.data_bytes > 0) {
-      rlimit r{static_cast<rlim_t>(limits.data_bytes), static_cast<rlim_t>(limits.data_bytes)};
-      setrlimit(RLIMIT_DATA, &r);
+    if (WIFSIGNALED(status)) {
+      signal(WTERMSIG(status), SIG_DFL);
+      raise(WTERMSIG(status));
     }
-    for (auto& kv : env) putenv(strdup(kv.c_str()));
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
-    _exit(127);
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
   }
   setpgid(pid, pid);
   int status = 0;
   const auto deadline = start + std::chrono::seconds(timeout_seconds);
+  auto next_dir_check = start;
   for (;;) {
     pid_t done = waitpid(pid, &status, WNOHANG);
     if (done == pid) break;
     struct stat st {};
-    const bool flooded = limits.file_bytes > 0 && fstat(out_fd, &st) == 0 &&
-                         st.st_size >= limits.file_bytes;
-    if (flooded || std::chrono::steady_clock::now() > deadline) {
-      (flooded ? result.output_limited : result.timed_out) = true;
+    const bool flooded =
+        limits.output_bytes > 0 && fstat(out_fd, &st) == 0 && st.st_size >= limits.output_bytes;
+    bool disk = false;
+    const auto now = std::chrono::steady_clock::now();
+    if (limits.dir_bytes > 0 && !limits.watch_dir.empty() && now >= next_dir_check) {
+      disk = dir_size(limits.watch_dir) > limits.dir_bytes;
+      next_dir_check = now + std::chrono::seconds(1);
+    }
+    if (flooded || disk || now > deadline) {
+      (flooded ? result.output_limited : disk ? result.disk_limited : result.timed_out) = true;
       kill(-pid, SIGTERM);
       auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(3);
       while (waitpid(pid, &status, WNOHANG) != pid) {
@@ -111,46 +177,49 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
   return result;
 }
 
-bool kill_user_processes(int uid, int gid) {
-  if (geteuid() != 0 || uid <= 0) return false;
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (setgid(static_cast<gid_t>(gid)) != 0 || setuid(static_cast<uid_t>(uid)) != 0) _exit(1);
-    kill(-1, SIGKILL);  // every process this uid may signal, except the caller itself
-    _exit(0);
-  }
-  int status = 0;
-  if (pid > 0) waitpid(pid, &status, 0);
-  return pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
 void adopt_orphans() { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
 
-int kill_descendants() {
+namespace {
+// The live (not zombie) children of this process; zombies are reaped on the way.
+std::vector<pid_t> live_children() {
   const pid_t self = getpid();
+  std::vector<pid_t> children;
+  if (DIR* proc = opendir("/proc")) {
+    while (dirent* e = readdir(proc)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (pid <= 0) continue;
+      std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
+      std::string line;
+      if (!std::getline(stat, line)) continue;
+      // "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
+      const size_t close = line.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(line.substr(close + 1));
+      char state = 0;
+      int ppid = 0;
+      rest >> state >> ppid;
+      if (ppid != self) continue;
+      if (state == 'Z')
+        waitpid(pid, nullptr, WNOHANG);
+      else
+        children.push_back(pid);
+    }
+    closedir(proc);
+  }
+  return children;
+}
+}  // namespace
+
+int kill_descendants() {
+  // Ranks that were still on their way out when mpirun returned are re-parented here for a
+  // moment: give them half a second to finish before anything counts as left behind.
+  for (int i = 0; i < 25 && !live_children().empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   int killed = 0;
   // Killing a process re-parents its own children to us (we are their subreaper): sweep until
   // no child is left, a bounded number of times.
   for (int round = 0; round < 50; ++round) {
-    std::vector<pid_t> children;
-    if (DIR* proc = opendir("/proc")) {
-      while (dirent* e = readdir(proc)) {
-        const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-        if (pid <= 0) continue;
-        std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
-        std::string line;
-        if (!std::getline(stat, line)) continue;
-        // "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
-        const size_t close = line.rfind(')');
-        if (close == std::string::npos) continue;
-        std::istringstream rest(line.substr(close + 1));
-        char state = 0;
-        int ppid = 0;
-        rest >> state >> ppid;
-        if (ppid == self) children.push_back(pid);
-      }
-      closedir(proc);
-    }
+    std::vector<pid_t> children = live_children();
     if (children.empty()) break;
     for (pid_t pid : children) {
       if (kill(pid, SIGKILL) == 0) ++killed;
@@ -158,17 +227,6 @@ int kill_descendants() {
     }
   }
   return killed;
-}
-
-std::string capture(const std::string& shell_command) {
-  FILE* pipe = popen(shell_command.c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot run: " + shell_command);
-  std::string out;
-  char buf[8192];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  if (pclose(pipe) != 0) throw std::runtime_error("failed: " + shell_command);
-  return out;
 }
 
 }  // namespace dtl::grade

@@ -1,26 +1,44 @@
-// run.hpp — defines: RunResult, run_command (a child process group with a timeout).
+// run.hpp — defines: RunResult, Limits, Launch, run_command, adopt_orphans, kill_descendants,
+// tail.
+//
+// Child processes with a hard timeout: nothing a student's code does can hang the grader or
+// outlive its job. A job that runs student code runs in a PID namespace of its own when the
+// grader is root (Gradescope): when its first process (mpirun) ends, the kernel ends every
+// other process in it, a `setsid` daemon included, and graders running side by side never touch
+// each other's processes. Without root, the grader is the subreaper of what it starts and kills
+// its own descendants after each job.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "tools.hpp"
+
 namespace dtl::grade {
 
 struct RunResult {
-  int exit_code = -1;     // exit status, or -1 when killed or signalled
-  int signal = 0;         // terminating signal, if any
+  int exit_code = -1;  // exit status, or -1 when killed or signalled
+  int signal = 0;      // terminating signal, if any
   bool timed_out = false;
-  bool output_limited = false;  // stopped because its output reached Limits::file_bytes
+  bool output_limited = false;  // stopped because its output reached Limits::output_bytes
+  bool disk_limited = false;    // stopped because Limits::watch_dir grew past Limits::dir_bytes
   double seconds = 0;
-  std::string output;     // stdout + stderr (the tail, if long)
+  std::string output;  // stdout + stderr (the tail, if long)
 };
 
 // Resource limits for a child and everything it starts (0: none).
 struct Limits {
-  long long file_bytes = 0;  // RLIMIT_FSIZE: largest file it may write; also the cap on its
-                             // output, which mpirun forwards from the ranks' pipes (no rlimit
-                             // there): the job is stopped when the output reaches it
-  long long data_bytes = 0;  // RLIMIT_DATA: heap and private mappings per process
+  long long output_bytes = 0;  // the job is stopped when its output reaches this (mpirun forwards
+                               // the ranks' output, so no rlimit can cap it)
+  long long file_bytes = 0;    // RLIMIT_FSIZE: largest file any process may write
+  long long data_bytes = 0;    // RLIMIT_DATA: heap and private mappings per process
+  std::string watch_dir;       // the job's directory ...
+  long long dir_bytes = 0;     // ... may hold at most this much (checked about once a second)
+};
+
+struct Launch {
+  Identity as;                     // drop to this user (needs root)
+  bool own_pid_namespace = false;  // a PID namespace for the job (needs root; else ignored)
 };
 
 // Runs argv in a new process group with stdout and stderr captured, in `cwd` if not empty.
@@ -28,11 +46,11 @@ struct Limits {
 // `env` entries ("K=V") are added to the environment.
 RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
                       const std::vector<std::string>& env = {}, const std::string& cwd = "",
-                      const Limits& limits = {});
+                      const Limits& limits = {}, const Launch& launch = {});
 
-// Kills every process of user `uid` (a daemon that escaped the process group with setsid):
-// a child takes that uid and signals all it may signal. Needs root; returns false otherwise.
-bool kill_user_processes(int uid, int gid);
+// Whether this process may give jobs PID namespaces of their own (root, and a kernel that allows
+// it: tried once).
+bool pid_namespaces_available();
 
 // Makes this process the "subreaper" of everything it starts (Linux prctl): a process that
 // escapes its parent and session (setsid, double fork) is re-parented to the grader instead of
@@ -42,9 +60,6 @@ void adopt_orphans();
 // command left behind after it ended (a daemon). Call it when no command of the grader's own is
 // running. Returns how many processes it killed.
 int kill_descendants();
-
-// Output of a trusted command (nm, ldd), all of it; throws if it cannot run.
-std::string capture(const std::string& shell_command);
 
 // The last `lines` lines of text.
 std::string tail(const std::string& text, int lines);

@@ -7,19 +7,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "run.hpp"
+#include "tools.hpp"
 
 namespace dtl::grade {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 std::vector<std::string> student_paths(const Rubric& r) {
   std::vector<std::string> paths;
@@ -32,19 +26,28 @@ std::vector<std::string> student_paths(const Rubric& r) {
 std::map<std::string, std::string> sha256_of(const std::string& source,
                                              const std::vector<std::string>& files) {
   std::map<std::string, std::string> out;
-  std::string cmd = "cd " + shell_quote(source) + " && sha256sum --";
-  int present = 0;
-  for (auto& f : files)
-    if (fs::exists(fs::path(source) / f)) {
-      cmd += " " + shell_quote(f);
-      ++present;
-    }
-  if (present == 0) return out;
-  std::istringstream lines(capture(cmd + " 2>/dev/null"));
+  // An argument vector, never a shell: the paths are a submission's file names.
+  std::vector<std::string> argv = {"sha256sum", "--"};
+  std::map<std::string, std::string> relative;  // the path sha256sum prints -> the file's name
+  for (auto& f : files) {
+    const std::string path = (fs::path(source) / f).string();
+    if (!fs::exists(path)) continue;
+    argv.push_back(path);
+    relative[path] = f;
+  }
+  if (relative.empty()) return out;
+  std::string text;
+  try {
+    text = run_tool(argv);
+  } catch (const std::exception&) {
+    return out;
+  }
+  std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
     // "HASH  path" (a leading backslash marks an escaped name: not ours, skip it).
     if (line.size() < 67 || line[0] == '\\') continue;
-    out[line.substr(66)] = line.substr(0, 64);
+    auto it = relative.find(line.substr(66));
+    if (it != relative.end()) out[it->second] = line.substr(0, 64);
   }
   return out;
 }
@@ -79,7 +82,8 @@ int stamp_skeletons(const std::string& source) {
     for (auto& p : student_paths(r)) paths.push_back(p);
   const auto hashes = sha256_of(source, paths);
   std::ofstream out(fs::path(source) / kSkeletonManifest);
-  out << "# The untouched skeleton of every lab's student files (written by ./lab stamp-skeletons).\n"
+  out << "# The untouched skeleton of every lab's student files (written by ./lab "
+         "stamp-skeletons).\n"
          "# ./lab grade reports a lab whose files match as \"not started\", without building it.\n";
   for (auto& [path, hash] : hashes) out << hash << "  " << path << "\n";
   return static_cast<int>(hashes.size());

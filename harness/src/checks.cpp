@@ -37,8 +37,9 @@ static double device_scale(const torch::Tensor& a, const torch::Tensor& b) {
   return a.is_cuda() || b.is_cuda() ? kCudaToleranceScale : 1.0;
 }
 
-::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
-                                         double rtol, double atol) {
+// The comparisons themselves, on values already observed.
+static ::testing::AssertionResult close_impl(const torch::Tensor& actual, const torch::Tensor& expected,
+                                             double rtol, double atol) {
   rtol *= device_scale(actual, expected);
   atol *= device_scale(actual, expected);
   auto layout = same_layout(actual, expected);
@@ -62,21 +63,46 @@ static double device_scale(const torch::Tensor& a, const torch::Tensor& b) {
              a[worst].item<double>(), e[worst].item<double>(), err[worst].item<double>());
 }
 
-::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected) {
+static ::testing::AssertionResult equal_impl(const torch::Tensor& actual, const torch::Tensor& expected) {
   auto layout = same_layout(actual, expected);
   if (!layout) return layout;
   auto a = actual.detach().cpu().contiguous(), e = expected.detach().cpu().contiguous();
   if (a.numel() == 0 || std::memcmp(a.data_ptr(), e.data_ptr(), a.nbytes()) == 0)
     return ::testing::AssertionSuccess();
-  auto r = tensors_close(a, e, 0.0, 0.0);
+  auto r = close_impl(a, e, 0.0, 0.0);
   if (!r) return r;
   return ::testing::AssertionFailure() << "values compare equal but bits differ (e.g. -0.0 vs 0.0)";
 }
 
+::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
+                                         double rtol, double atol, const char* file, int line) {
+  return close_impl(observe(actual, "actual", Source::kComputed, file, line), expected, rtol, atol);
+}
+
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected,
+                                         const char* file, int line) {
+  const TensorBits bits = observe(TensorBits::of(actual), "actual", Source::kComputed, file, line);
+  if (bits.whole) return equal_impl(bits.tensor, expected);
+  // A large tensor travelled as its digest: compare it with the expected one's.
+  const TensorBits mine = TensorBits::of(expected);
+  if (bits.sizes != expected.sizes().vec())
+    return ::testing::AssertionFailure() << "shape " << c10::IntArrayRef(bits.sizes)
+                                         << " != expected " << expected.sizes();
+  if (bits.dtype != expected.scalar_type())
+    return ::testing::AssertionFailure() << "dtype " << bits.dtype << " != expected "
+                                         << expected.scalar_type();
+  if (mine.whole || bits.digest != mine.digest)
+    return ::testing::AssertionFailure() << "the bits differ from the expected values (" << expected.numel()
+                                         << " elements, compared by digest)";
+  return ::testing::AssertionSuccess();
+}
+
 ::testing::AssertionResult params_close(const torch::nn::Module& m, const torch::Tensor& expected_flat,
-                                        double rtol, double atol, bool grads) {
-  const torch::Tensor actual = grads ? flat_grads(m) : flat_params(m);
-  auto r = tensors_close(actual, expected_flat, rtol, atol);
+                                        double rtol, double atol, bool grads, const char* file, int line) {
+  const torch::Tensor actual =
+      observe(grads ? flat_grads(m) : flat_params(m), grads ? "the module's grads" : "the module's parameters",
+              Source::kComputed, file, line);
+  auto r = close_impl(actual, expected_flat, rtol, atol);
   if (r || actual.sizes() != expected_flat.sizes()) return r;
   // Locate the worst element again, in parameter coordinates.
   auto a = actual.detach().cpu().to(torch::kFloat64), e = expected_flat.detach().cpu().to(torch::kFloat64);
@@ -94,16 +120,34 @@ static double device_scale(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol,
-                  double atol, const std::string& what) {
-  EXPECT_TRUE(tensors_close(actual, expected, rtol, atol)) << what;
+                  double atol, const std::string& what, const char* file, int line) {
+  EXPECT_TRUE(tensors_close(actual, expected, rtol, atol, file, line)) << what;
 }
 
-::testing::AssertionResult same_on_all_ranks(const torch::Tensor& t) {
+::testing::AssertionResult same_on_all_ranks(const torch::Tensor& t, const char* file, int line) {
   MPI_Comm comm = Runtime::get().control_comm();
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  auto mine = t.detach().cpu().contiguous();
+  const TensorBits bits = observe(TensorBits::of(t), "the tensor", Source::kComputed, file, line);
+  int whole = bits.whole ? 1 : 0, all_whole = 0;
+  MPI_Allreduce(&whole, &all_whole, 1, MPI_INT, MPI_MIN, comm);
+  if (!all_whole) {
+    // Large tensors travelled as digests: every rank's (byte count, digest) against rank 0's.
+    int64_t elem = static_cast<int64_t>(c10::elementSize(bits.dtype));
+    for (int64_t s : bits.sizes) elem *= s;
+    const uint64_t digest = bits.whole ? TensorBits::of(t).digest : bits.digest;
+    int64_t mine[2] = {elem, static_cast<int64_t>(bits.whole ? 0 : digest)};
+    std::vector<int64_t> all(2 * static_cast<size_t>(size));
+    MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm);
+    std::string bad;
+    for (int r = 0; r < size; ++r)
+      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1] || all[2 * r + 1] == 0)
+        bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+    if (bad.empty()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "ranks [" << bad << "] differ from rank 0 (compared by digest)";
+  }
+  auto mine = bits.tensor.detach().cpu().contiguous();
   // First agree on the byte size, so a shape mismatch is reported instead of truncating.
   int64_t nbytes = static_cast<int64_t>(mine.nbytes());
   std::vector<int64_t> sizes(size);
@@ -122,12 +166,13 @@ void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, do
     if (all[r]) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
   if (bad.empty()) return ::testing::AssertionSuccess();
   auto result = ::testing::AssertionFailure() << "ranks [" << bad << "] differ from rank 0";
-  if (differs) result << "; on this rank: " << tensors_close(mine, root, 0, 0).message();
+  if (differs) result << "; on this rank: " << close_impl(mine, root, 0, 0).message();
   return result;
 }
 
-void expect_same_on_all_ranks(const torch::Tensor& t, const std::string& what) {
-  EXPECT_TRUE(same_on_all_ranks(t)) << what;
+void expect_same_on_all_ranks(const torch::Tensor& t, const std::string& what, const char* file,
+                              int line) {
+  EXPECT_TRUE(same_on_all_ranks(t, file, line)) << what;
 }
 
 torch::Tensor flat_params(const torch::nn::Module& m) {
@@ -144,20 +189,25 @@ torch::Tensor flat_grads(const torch::nn::Module& m) {
 }
 
 void expect_modules_close(const torch::nn::Module& actual, const torch::nn::Module& expected,
-                          double rtol, double atol, bool grads) {
+                          double rtol, double atol, bool grads, const char* file, int line) {
   auto a = actual.named_parameters(), e = expected.named_parameters();
-  ASSERT_EQ(a.size(), e.size()) << "modules have different parameter counts";
-  for (size_t i = 0; i < a.size(); ++i) {
-    const auto& name = a[i].key();
+  std::vector<std::string> names;
+  for (const auto& p : a) names.push_back(p.key());
+  names = observe(std::move(names), "the parameter names", Source::kComputed, file, line);
+  ASSERT_EQ(names.size(), e.size()) << "modules have different parameter counts";
+  for (size_t i = 0; i < names.size() && i < a.size(); ++i) {
+    const auto& name = names[i];
     ASSERT_EQ(name, e[i].key()) << "parameter " << i << " has a different name";
     if (grads) {
-      auto ga = a[i].value().grad(), ge = e[i].value().grad();
+      // An undefined grad travels as such: "defined on one side only" is decided on the observed.
+      auto ga = observe(a[i].value().grad(), "grad", Source::kComputed, file, line);
+      auto ge = e[i].value().grad();
       ASSERT_EQ(ga.defined(), ge.defined()) << "grad of " << name << " defined on one side only";
       if (ga.defined()) {
-        EXPECT_TRUE(tensors_close(ga, ge, rtol, atol)) << "grad of " << name;
+        EXPECT_TRUE(close_impl(ga, ge, rtol, atol)) << "grad of " << name;
       }
     } else {
-      EXPECT_TRUE(tensors_close(a[i].value(), e[i].value(), rtol, atol)) << "parameter " << name;
+      EXPECT_TRUE(tensors_close(a[i].value(), e[i].value(), rtol, atol, file, line)) << "parameter " << name;
     }
   }
 }

@@ -17,6 +17,10 @@
 // * --dtl_job=NAME runs the DTL_JOB(NAME) of this binary instead of the tests (a child job a
 //   fault test launched with run_job, dtl/harness/jobs.hpp), under the same watchdog; each
 //   rank exits with the job body's return value.
+// * --dtl_record=DIR / --dtl_check=DIR [--dtl_check_summary=FILE]: the autograder's split run
+//   (dtl/harness/observe.hpp). The worker records what each test observed and every failure it
+//   raised into DIR/rank-R.obs; the driver runs the same tests, takes the worker's values where
+//   the tests observe one, and raises the worker's failures as its own.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -33,6 +37,7 @@
 #include "dtl/harness/jobs.hpp"
 #include "dtl/runtime.hpp"
 #include "dtl/timer.hpp"
+#include "observe_session.hpp"
 
 namespace {
 
@@ -264,17 +269,23 @@ class RankListener : public ::testing::EmptyTestEventListener {
 
   void OnTestStart(const ::testing::TestInfo& info) override {
     failures_ = json::array();
-    watchdog_.arm(std::string(info.test_suite_name()) + "." + info.name());
+    const std::string name = std::string(info.test_suite_name()) + "." + info.name();
+    watchdog_.arm(name);
+    dtl::testing::split::test_start(name, dtl::Runtime::get().seed(), g_rank);
   }
 
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (forwarding_ || !r.failed()) return;
+    dtl::testing::split::test_failed(r.file_name(), r.line_number(), r.message());
     failures_.push_back({{"file", r.file_name() ? r.file_name() : ""},
                          {"line", r.line_number()},
                          {"message", r.message()}});
   }
 
   void OnTestEnd(const ::testing::TestInfo& info) override {
+    // The split run first: the driver's failures from the worker's stream are this rank's, and
+    // go to rank 0 with the rest below.
+    dtl::testing::split::test_end();
     watchdog_.set_phase("end-of-test sync (test body finished on this rank)");
     // Gather every rank's failures (JSON) on rank 0.
     std::string mine = failures_.empty() ? "" : failures_.dump();
@@ -348,6 +359,7 @@ struct HarnessFlags {
   double timeout = 120;
   bool expect_unimplemented = false;
   std::string job;  // --dtl_job=NAME
+  std::string record, check, check_summary;  // the split run (observe.hpp)
 };
 
 // Takes --dtl_timeout=S and --dtl_expect_unimplemented out of argv.
@@ -363,6 +375,12 @@ HarnessFlags harness_flags(int& argc, char** argv) {
       f.expect_unimplemented = true;
     else if (a.rfind("--dtl_job=", 0) == 0)
       f.job = a.substr(10);
+    else if (a.rfind("--dtl_record=", 0) == 0)
+      f.record = a.substr(13);
+    else if (a.rfind("--dtl_check=", 0) == 0)
+      f.check = a.substr(12);
+    else if (a.rfind("--dtl_check_summary=", 0) == 0)
+      f.check_summary = a.substr(20);
     else
       argv[out++] = argv[i];
   }
@@ -399,6 +417,8 @@ int main(int argc, char** argv) {
       MPI_Comm_free(&side);
       throw JobDone{rc};  // leave through the Runtime's destructor (MPI_Finalize), then _Exit
     }
+    if (!flags.record.empty()) dtl::testing::split::start_record(flags.record, g_rank);
+    if (!flags.check.empty()) dtl::testing::split::start_check(flags.check, g_rank);
     {
       Watchdog watchdog(flags.timeout, side);
       auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
@@ -412,6 +432,8 @@ int main(int argc, char** argv) {
       listener->expect_unimplemented = flags.expect_unimplemented;
       listeners.Append(listener);
       rc = RUN_ALL_TESTS();
+      if (!flags.check_summary.empty() && g_rank == 0)
+        dtl::testing::split::write_summary(flags.check_summary);
       if (flags.expect_unimplemented && g_rank == 0) {
         auto& bad = listener->skeleton_offenders;
         rc = bad.empty() && listener->skeleton_tests > 0 ? 0 : 1;

@@ -5,6 +5,7 @@
 //   ./lab run 03 -n 4                      your code on 4 processes
 //   ./lab run 03 -n 4 --solutions          the reference
 //   ./lab run 03 -n 4 -- --dtype float64 --op max --max-bytes 16M --iters 20
+//   ./lab run 03 -n 4 -- --json busbw.json  also the table as data (./lab figures)
 //
 // Columns (nccl-tests, doc/PERFORMANCE.md): time = median over iterations of the slowest rank;
 // algbw = S / time; busbw = algbw x 2(n-1)/n, the bandwidth each rank's link actually sustains
@@ -16,8 +17,10 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -101,6 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters,
                  "timed iterations per size (default: 20 up to 1 MiB, fewer above)");
   app.add_option("--warmup", warmup, "untimed iterations per size");
+  std::string json_path;
+  app.add_option("--json", json_path, "also write the measured times to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -200,6 +205,23 @@ int main(int argc, char** argv) {
     }
     dtl::print0("# Wrong elements: {} {}", wrong, wrong == 0 ? "OK" : "FAILED");
     dtl::print0("{}", avg);
+    if (!json_path.empty() && comm->rank() == 0) {
+      nlohmann::json doc = {{"ranks", n},
+                            {"backend", comm->backend()},
+                            {"dtype", dtype_name},
+                            {"op", op_name},
+                            {"bus_factor", factor},
+                            {"wrong", wrong},
+                            {"algorithms", nlohmann::json::array()}};
+      for (const auto& a : algos) {
+        nlohmann::json points = nlohmann::json::array();
+        for (const auto& [bytes, seconds] : a.points) points.push_back({bytes, seconds});
+        doc["algorithms"].push_back({{"name", a.short_name},
+                                     {"title", a.title},
+                                     {"points", points}});  // (bytes, seconds) per size
+      }
+      std::ofstream(json_path) << doc.dump(1) << "\n";
+    }
 
     // ---- what the alpha-beta model makes of it. A two-point fit of your ring's times:
     // t = 2(n-1) alpha + 2(n-1)/n S / beta through the smallest and the largest size.

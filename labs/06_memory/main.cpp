@@ -3,6 +3,7 @@
 //
 //   ./lab run 06                                        the default: 4 layers, d 64, B 8, T 64
 //   ./lab run 06 -- --layers 2 --d-model 128 --heads 4 --vocab 512 --batch 4 --seq 128
+//   ./lab run 06 -- --json memory.json                 also two steps' memory timeline as data
 //
 // 1. The breakdown table for the configuration given by the flags: params and the state after
 //    the step are exact, activations + logits and the peak are estimates.
@@ -13,6 +14,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "dtl/error.hpp"
@@ -55,6 +58,45 @@ void at_scale(const char* label, const GPTConfig& c) {
       e.peak <= gpu ? "yes" : "no: shard the state (ZeRO/FSDP, lab 14-15) or split the model");
 }
 
+// Memory over two steps of a fresh model and AdamW (train_step's calls, with a mark between
+// them): the first step creates the gradients and the optimizer state, the second reuses them.
+void write_timeline(const std::string& path, const GPTConfig& cfg,
+                    const dtl::lab06::Breakdown& predicted, const torch::Tensor& tokens) {
+  const auto before = static_cast<int64_t>(dtl::memory::current_bytes());
+  dtl::lab06::GPT model(cfg);
+  auto optimizer = dtl::make_adamw(*model);
+  dtl::memory::record_timeline(true);
+  for (int step = 1; step <= 2; ++step) {
+    optimizer->zero_grad();
+    dtl::memory::timeline_mark("forward");
+    torch::Tensor loss = model->loss(tokens);
+    dtl::memory::timeline_mark("backward");
+    loss.backward();
+    dtl::memory::timeline_mark("optimizer");
+    optimizer->step();
+  }
+  dtl::memory::timeline_mark("end");
+  dtl::memory::record_timeline(false);
+  nlohmann::json samples = nlohmann::json::array(), marks = nlohmann::json::array();
+  for (const auto& s : dtl::memory::timeline()) {
+    samples.push_back({s.seconds, static_cast<int64_t>(s.bytes) - before});
+    if (!s.label.empty()) marks.push_back({s.label, s.seconds});
+  }
+  const nlohmann::json doc = {{"model", cfg.to_string()},
+                              {"batch", tokens.size(0)},
+                              {"seq", tokens.size(1) - 1},
+                              {"predicted",
+                               {{"params", predicted.params},
+                                {"grads", predicted.grads},
+                                {"optimizer", predicted.optimizer},
+                                {"activations", predicted.activations},
+                                {"logits", predicted.logits},
+                                {"peak", predicted.peak}}},
+                              {"samples", samples},
+                              {"marks", marks}};  // (seconds, bytes above those before the model)
+  std::ofstream(path) << doc.dump() << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,6 +116,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", cfg.vocab_size, "vocabulary size");
   app.add_option("--batch", batch, "sequences per step");
   app.add_option("--seq", seq, "tokens per sequence (default: the context, 64)");
+  std::string json_path;
+  app.add_option("--json", json_path,
+                 "also write the live bytes over two training steps of a fresh model to this file");
   CLI11_PARSE(app, argc, argv);
   if (seq > 0) cfg.seq_len = seq;
   seq = cfg.seq_len;
@@ -91,6 +136,7 @@ int main(int argc, char** argv) {
       auto optimizer = dtl::make_adamw(*model);
       const auto m = dtl::lab06::measure(model, *optimizer, tokens);
       dtl::print0("{}\n", dtl::lab06::breakdown_table(predicted, &m, baseline));
+      if (!json_path.empty()) write_timeline(json_path, cfg, predicted, tokens);
     } else {
       dtl::print0("{}\n(the tracker counts CPU memory only: nothing measured on this device)\n",
                   dtl::lab06::breakdown_table(predicted));

@@ -6,10 +6,13 @@
 //   ./lab run 08 -n 4 --net nvlink             the same over an emulated NVLink
 //   ./lab run 08 -n 4 --net ib-2node           tp across two nodes: watch the step time
 //   ./lab run 08 -n 2 -- --tokens 1024         more tokens per step: more bytes per all-reduce
+//   ./lab run 08 -n 4 -- --json tp.json        also the serial and sharded shapes as data
 //   ./lab run 08 -n 4 -- --help                every flag
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "dtl/error.hpp"    // defines: dtl::Error
@@ -21,6 +24,13 @@
 #include "tensor_parallel.hpp"
 
 namespace {
+
+// (name, shape) of every parameter of `m`, for the --json file.
+nlohmann::json shapes(const torch::nn::Module& m) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : m.named_parameters()) out.push_back({p.key(), p.value().sizes().vec()});
+  return out;
+}
 
 // Per transformer layer and micro-batch, Megatron's tensor parallelism all-reduces the
 // activations [b, s, h] twice in forward (attention out, MLP out) and twice in backward (the
@@ -61,6 +71,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--tokens", tokens, "tokens per step (batch x sequence)")->capture_default_str();
   app.add_option("--iters", iters, "timed steps per width")->capture_default_str();
+  std::string json_path;
+  app.add_option("--json", json_path,
+                 "also write the first width's serial and rank-0 shapes to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -104,6 +117,15 @@ int main(int argc, char** argv) {
                   dtl::memory::format_bytes(static_cast<double>(serial_weights)), reduces,
                   dtl::memory::format_bytes(static_cast<double>(bytes)),
                   dtl::memory::format_bytes(formula), m.median * 1e3, dtl::max_over_ranks(diff));
+      if (!json_path.empty() && tp->rank() == 0 && d == widths.front())
+        std::ofstream(json_path) << nlohmann::json{{"tp", t},
+                                                   {"d_model", d},
+                                                   {"tokens", tokens},
+                                                   {"all_reduces", reduces},
+                                                   {"serial", shapes(*serial)},
+                                                   {"shard", shapes(*mlp)}}
+                                        .dump(1)
+                                 << "\n";
     }
     dtl::print0("# allreduce/bytes: counted by Comm::stats() for one forward + backward; formula: "
                 "2 all-reduces of tokens x d float32 (0 at tp 1).");

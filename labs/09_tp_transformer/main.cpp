@@ -6,12 +6,15 @@
 //   ./lab run 09 -n 4 -- --tp 4                 tp = 4, dp = 1
 //   ./lab run 09 -n 4 --net nvlink -- --tp 4    tp over an emulated NVLink...
 //   ./lab run 09 -n 4 --net ib-2node -- --tp 4  ...and across two nodes: watch the step time
+//   ./lab run 09 -n 4 -- --json tp.json         also the serial and sharded shapes as data
 //   ./lab run 09 -n 4 -- --help                 every flag
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "dtl/data.hpp"     // defines: SyntheticCorpus, GlobalBatchSampler
@@ -34,6 +37,13 @@ int64_t bytes_of(torch::nn::Module& m) {
   return n;
 }
 
+// (name, shape) of every parameter of `m`, for the --json file.
+nlohmann::json shapes(const torch::nn::Module& m) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : m.named_parameters()) out.push_back({p.key(), p.value().sizes().vec()});
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,6 +63,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "global batch (sequences per step, split over dp)")
       ->capture_default_str();
   app.add_option("--steps", steps, "training steps")->capture_default_str();
+  std::string json_path;
+  app.add_option("--json", json_path,
+                 "also write the serial and rank-0 parameter shapes to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -85,6 +98,17 @@ int main(int argc, char** argv) {
     const int64_t local = batch / dp.size(), first = mesh.coord("dp") * local;
 
     dtl::print0("# {}: {}", mesh.layout().describe(), cfg.to_string());
+    if (!json_path.empty() && rt.rank() == 0)
+      std::ofstream(json_path) << nlohmann::json{{"tp", tp.size()},
+                                                 {"dp", dp.size()},
+                                                 {"layers", layers},
+                                                 {"d_model", d},
+                                                 {"heads", heads},
+                                                 {"vocab", vocab},
+                                                 {"serial", shapes(*serial)},
+                                                 {"shard", shapes(*gpt)}}
+                                      .dump(1)
+                               << "\n";
     dtl::print0("# weights per rank {} vs serial {}; network: {}",
                 dtl::memory::format_bytes(static_cast<double>(bytes_of(*gpt))),
                 dtl::memory::format_bytes(static_cast<double>(bytes_of(*serial))),

@@ -7,11 +7,14 @@
 //   ./lab run 10 -n 4                           tp = cp = 4
 //   ./lab run 10 -n 2 -- --seq 512              a longer context for part 1
 //   ./lab run 10 -n 4 --net nvlink              ring attention's K/V traffic over NVLink
+//   ./lab run 10 -n 4 -- --json sp.json         also the chunks and part 2's table as data
 //   ./lab run 10 -n 4 -- --help                 every flag
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "dtl/error.hpp"    // defines: dtl::Error
@@ -74,7 +77,8 @@ void sequence_parallel_part(dtl::Comm& tp, const dtl::model::GPTConfig& cfg, int
       "gradients (sync_sequence_parallel_grads).\n");
 }
 
-void ring_attention_part(dtl::Comm& cp, const std::vector<int64_t>& lengths) {
+void ring_attention_part(dtl::Comm& cp, const std::vector<int64_t>& lengths,
+                         nlohmann::json& table) {
   const torch::Device device = dtl::Runtime::get().device();
   const int64_t heads = 4, dh = 32;
   dtl::print0(
@@ -116,6 +120,12 @@ void ring_attention_part(dtl::Comm& cp, const std::vector<int64_t>& lengths) {
         dtl::lab10::ring_attention_bytes(mine[0].numel(), 4, cp.size());
     const double diff =
         (out - dtl::lab10::sequence_chunk(ref.detach(), 2, cp)).abs().max().item<double>();
+    table.push_back({{"T", t},
+                     {"full_ms", full_ms},
+                     {"full_peak", full_peak},
+                     {"ring_ms", ring_ms},
+                     {"ring_peak", ring_peak},
+                     {"sent", sent}});
     dtl::print0("  {:>6} {:>12.1f} {:>14} {:>12.1f} {:>14} {:>14} {:>14} {:>10.1e}", t, full_ms,
                 mib(full_peak), ring_ms, mib(ring_peak), mib(sent),
                 mib(static_cast<double>(formula.forward + formula.backward)),
@@ -144,6 +154,9 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq, "part 1: sequence length")->capture_default_str();
   app.add_option("--batch", batch, "part 1: sequences per step")->capture_default_str();
   app.add_option("--lengths", lengths, "part 2: sequence lengths")->capture_default_str();
+  std::string json_path;
+  app.add_option("--json", json_path,
+                 "also write each rank's sequence chunk and part 2's table to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -160,7 +173,27 @@ int main(int argc, char** argv) {
               fmt::format("--seq {} is not divisible by the {} ranks (sequence length)", seq,
                           comm->size()));
     sequence_parallel_part(*comm, cfg, batch);
-    ring_attention_part(*comm, lengths);
+    nlohmann::json ring = nlohmann::json::array();
+    ring_attention_part(*comm, lengths, ring);
+    if (!json_path.empty()) {
+      // Which positions each rank holds: sequence_chunk of [0, 1, ..., T-1], gathered.
+      const torch::Tensor mine = dtl::lab10::sequence_chunk(
+          torch::arange(seq, torch::kInt64).unsqueeze(0).to(rt.device()), 1, *comm);
+      const torch::Tensor ends = torch::stack({mine.min(), mine.max()}).view({1, 2});
+      const torch::Tensor gathered = torch::empty({comm->size(), 2}, ends.options());
+      comm->all_gather(gathered, ends);
+      const torch::Tensor chunks = gathered.cpu();
+      nlohmann::json doc = {{"ranks", comm->size()},
+                            {"seq", seq},
+                            {"d_model", d},
+                            {"layers", layers},
+                            {"batch", batch},
+                            {"ring_attention", ring},
+                            {"chunks", nlohmann::json::array()}};
+      for (int r = 0; r < comm->size(); ++r)
+        doc["chunks"].push_back({chunks[r][0].item<int64_t>(), chunks[r][1].item<int64_t>() + 1});
+      if (comm->rank() == 0) std::ofstream(json_path) << doc.dump(1) << "\n";
+    }
   } catch (const dtl::Error& e) {
     std::fprintf(stderr, "lab 10: %s\n", e.what());
     return 1;

@@ -5,10 +5,13 @@
 //   ./lab run 11 -n 4 -- --micro-batches 1              no micro-batching: the bubble is 3/4
 //   ./lab run 11 -n 4 -- --layers 10 --vocab 4096       a heavy head: watch the partition move
 //   ./lab run 11 -n 4 --trace pp.json                   the sends and receives in ui.perfetto.dev
+//   ./lab run 11 -n 4 -- --json split.json              also the unit costs and cuts as data
 //   ./lab run 11 -n 4 -- --help                         every flag
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "dtl/data.hpp"     // defines: SyntheticCorpus, GlobalBatchSampler
@@ -56,6 +59,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", cfg.vocab_size, "vocabulary (the head's cost)")->capture_default_str();
   app.add_option("--seq", cfg.seq_len, "tokens per sequence")->capture_default_str();
   app.add_flag("--even", even, "cut by unit count (split_range) instead of by cost");
+  std::string json_path;
+  app.add_option("--json", json_path, "also write the unit costs and both cuts to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -75,6 +80,22 @@ int main(int argc, char** argv) {
         "fill-drain bubble (p-1)/(m+p-1) with p={}: m=1 {:.0f}%, m={} {:.0f}%, m=32 {:.0f}%", p,
         100.0 * (p - 1) / p, micro, 100.0 * (p - 1) / static_cast<double>(micro + p - 1),
         100.0 * (p - 1) / (32.0 + p - 1));
+    if (!json_path.empty() && rt.rank() == 0) {
+      auto cut = [](const std::vector<dtl::Range>& parts) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const auto& r : parts) out.push_back({r.begin, r.end});
+        return out;
+      };
+      const nlohmann::json doc = {
+          {"model", cfg.to_string()},
+          {"p", p},
+          {"costs", costs},
+          {"even",
+           {{"parts", cut(even_parts)}, {"imbalance", dtl::lab11::imbalance(costs, even_parts)}}},
+          {"balanced",
+           {{"parts", cut(balanced)}, {"imbalance", dtl::lab11::imbalance(costs, balanced)}}}};
+      std::ofstream(json_path) << doc.dump(1) << "\n";
+    }
 
     const auto& parts = even ? even_parts : balanced;
     dtl::lab11::PipelineStage stage(cfg, rt.world(), parts);

@@ -7,10 +7,13 @@
 //   ./lab run 12 -n 4 -- --m 16                     more micro-batches: smaller bubbles
 //   ./lab run 12 -n 4 -- --schedule interleaved --v 4
 //   ./lab run 12 -n 4 -- --p2p-ms 5                 the simulation with a latency per message
+//   ./lab run 12 -n 4 -- --json run.json            also every timeline as data (./lab figures)
 //   ./lab run 12 -n 4 -- --help                     every flag
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -50,6 +53,9 @@ int main(int argc, char** argv) {
                  "latency of one message in the simulation (compare with the runtime's --net)")
       ->capture_default_str();
   app.add_option("--width", width, "Gantt width in columns")->capture_default_str();
+  std::string json_path;
+  app.add_option("--json", json_path,
+                 "also write each schedule's simulated and measured timeline to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -76,6 +82,12 @@ int main(int argc, char** argv) {
     dtl::print0("# {:<12} {:>3} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10}", "schedule", "v",
                 "formula", "simulated", "measured", "sim ms", "step ms", "peak in", "loss");
     std::string charts;
+    nlohmann::json doc = {{"p", p},
+                          {"m", m},
+                          {"forward_ms", forward_ms},
+                          {"backward_ms", backward_ms},
+                          {"p2p_ms", p2p_ms},
+                          {"schedules", nlohmann::json::array()}};
     for (const Variant& x : variants) {
       const dtl::lab12::Schedule s = x.name == "gpipe"  ? dtl::lab12::gpipe(p, m)
                                      : x.name == "1f1b" ? dtl::lab12::one_f_one_b(p, m)
@@ -115,7 +127,37 @@ int main(int argc, char** argv) {
       if (world.rank() == 0)
         charts += fmt::format("\n# {} (v = {}): F = forward, B = backward; one row per rank\n{}",
                               x.name, x.v, dtl::trace::gantt(events, width));
+      // The same as data: the simulation (ms of the cost model) and the measured step (s).
+      nlohmann::json simulated = nlohmann::json::array(),
+                     measured_actions = nlohmann::json::array();
+      for (int r = 0; r < p; ++r)
+        for (size_t i = 0; i < s[r].size(); ++i) {
+          const dtl::lab12::Action& a = s[r][i];
+          const double cost =
+              (a.kind == dtl::lab12::Action::Forward ? forward_ms : backward_ms) / x.v;
+          simulated.push_back({{"rank", r},
+                               {"name", dtl::lab12::describe(a, x.v)},
+                               {"start", sim.start[r][i]},
+                               {"end", sim.start[r][i] + cost}});
+        }
+      for (const auto& e : events)
+        measured_actions.push_back(
+            {{"rank", e.rank}, {"name", e.name}, {"start", e.start * 1e3}, {"end", e.end * 1e3}});
+      doc["schedules"].push_back({{"name", x.name},
+                                  {"v", x.v},
+                                  {"formula", dtl::lab12::bubble_formula(p, m, x.v)},
+                                  {"simulated",
+                                   {{"bubble", sim.bubble},
+                                    {"makespan", sim.makespan},
+                                    {"peak_in_flight", sim.peak_in_flight},
+                                    {"actions", simulated}}},
+                                  {"measured",
+                                   {{"bubble", measured},
+                                    {"step_ms", res.seconds * 1e3},
+                                    {"peak_in_flight", peak},
+                                    {"actions", measured_actions}}}});
     }
+    if (!json_path.empty() && world.rank() == 0) std::ofstream(json_path) << doc.dump(1) << "\n";
     dtl::print0(
         "# bubble = idle share of p x step time; peak in = most (micro-batch, chunk) "
         "activations held by one rank.");

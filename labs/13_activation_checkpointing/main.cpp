@@ -4,6 +4,7 @@
 //   ./lab run 13                                       4 blocks, d 128, T 128, batch 8
 //   ./lab run 13 -- --seq 256 --batch 4                the T^2 term grows: selective wins more
 //   ./lab run 13 -- --budget-mib 20                    which plan fits 20 MiB of activations?
+//   ./lab run 13 -- --json memory.json                 also each policy's memory timeline as data
 //   ./lab run 13 -- --help                             every flag
 //
 // 1. For each policy: activations kept at the end of forward and the step's peak, predicted and
@@ -16,6 +17,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -85,6 +88,9 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq, "tokens per sequence (default: the context, 128)");
   app.add_option("--iters", iters, "timed steps per policy")->capture_default_str();
   app.add_option("--budget-mib", budget_mib, "activation budget for the chooser (MiB)");
+  std::string json_path;
+  app.add_option("--json", json_path,
+                 "also write each policy's live bytes over its step to this file");
   CLI11_PARSE(app, argc, argv);
   if (seq > 0) cfg.seq_len = seq;
   seq = cfg.seq_len;
@@ -115,16 +121,38 @@ int main(int argc, char** argv) {
     dtl::print0("\n{:<10} {:>11} {:>11} {:>11} {:>11} {:>9} {:>16} {:>9}", "policy", "kept pred",
                 "kept meas", "peak pred", "peak meas", "step ms", "extra / forward", "grads");
     double t_none = 0;
+    nlohmann::json doc = {{"model", cfg.to_string()},
+                          {"batch", batch},
+                          {"seq", seq},
+                          {"policies", nlohmann::json::array()}};
     for (Policy p : {Policy::kNone, Policy::kSelective, Policy::kFull}) {
       const auto am = dtl::lab13::activation_memory(cfg, batch, seq, p);
       zero_grads();
       torch::manual_seed(99);
       const auto before = double(dtl::memory::current_bytes());
       dtl::memory::reset_peak();
+      if (!json_path.empty()) dtl::memory::record_timeline(true);
       torch::Tensor loss = dtl::lab13::gpt_loss(model, tokens, p);
       const double kept = double(dtl::memory::current_bytes()) - before;
+      dtl::memory::timeline_mark("backward");
       loss.backward();
+      dtl::memory::timeline_mark("end");
       const double peak = double(dtl::memory::peak_bytes()) - before;
+      if (!json_path.empty()) {
+        dtl::memory::record_timeline(false);
+        nlohmann::json samples = nlohmann::json::array(), marks = nlohmann::json::array();
+        for (const auto& s : dtl::memory::timeline()) {  // (seconds, bytes above `before`)
+          samples.push_back({s.seconds, double(s.bytes) - before});
+          if (!s.label.empty()) marks.push_back({s.label, s.seconds});
+        }
+        doc["policies"].push_back({{"name", to_string(p)},
+                                   {"predicted_kept", am.saved},
+                                   {"predicted_peak", am.peak},
+                                   {"kept", kept},
+                                   {"peak", peak},
+                                   {"samples", samples},
+                                   {"marks", marks}});
+      }
       const bool same = torch::equal(flat_grads(model), want);
       const double t = dtl::measure(
                            [&] {
@@ -140,6 +168,7 @@ int main(int argc, char** argv) {
                   same ? "bitwise" : "DIFFER");
     }
     dtl::print0("(MiB; forward alone {:.1f} ms; medians of {} steps)", t_forward * 1e3, iters);
+    if (!json_path.empty()) std::ofstream(json_path) << doc.dump() << "\n";
 
     if (budget_mib > 0) {
       const auto budget = static_cast<int64_t>(budget_mib * (1 << 20));

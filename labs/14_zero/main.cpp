@@ -6,6 +6,7 @@
 //   ./lab run 14 -n 2 -- --layers 8     more layers: more units, the same ratios
 //   ./lab run 14 -- --rows 1            smaller activations: stage 2 now lowers the step peak
 //   ./lab run 14 -- --net ib-2node      stage 3's extra all-gathers cost time on a slow network
+//   ./lab run 14 -- --json zero.json    also the table and the paper's arithmetic as data
 //   ./lab run 14 -- --help              every flag
 //
 // 1. For stage 0 (plain data parallelism: all-reduce every gradient, AdamW on the full model)
@@ -19,9 +20,12 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "demo_config.hpp"  // defines: demo::demo_config, demo::demo_adamw
 #include "dtl/cli.hpp"      // defines: add_model_options
 #include "dtl/data.hpp"     // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/error.hpp"    // defines: dtl::Error
@@ -31,7 +35,6 @@
 #include "dtl/optim.hpp"    // defines: make_adamw
 #include "dtl/perf.hpp"     // defines: measure, sum_over_ranks
 #include "dtl/runtime.hpp"  // defines: Runtime, RuntimeOptions
-#include "demo_config.hpp"  // defines: demo::demo_config, demo::demo_adamw
 #include "zero.hpp"
 
 namespace {
@@ -127,6 +130,9 @@ int main(int argc, char** argv) {
   dtl::add_model_options(app, cfg);
   app.add_option("--rows", rows, "sequences per rank per step")->capture_default_str();
   app.add_option("--steps", steps, "steps per stage (the first is warm-up)")->capture_default_str();
+  std::string json_path;
+  app.add_option("--json", json_path,
+                 "also write every stage's predicted and measured bytes to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -150,9 +156,23 @@ int main(int argc, char** argv) {
                 "predicted", "measured", "error", "step peak", "sent/step", "x DP", "step ms",
                 "loss");
     double dp_wire = 0;
+    auto bytes_json = [](const dtl::lab14::ModelStateBytes& b) {
+      return nlohmann::json{{"params", b.params}, {"grads", b.grads}, {"optimizer", b.optimizer}};
+    };
+    nlohmann::json doc = {{"model", cfg.to_string()},
+                          {"parameters", psi},
+                          {"ranks", n},
+                          {"stages", nlohmann::json::array()},
+                          {"at_scale", nlohmann::json::array()}};
     for (int stage = 0; stage <= 3; ++stage) {
       const Row r = run(cfg, stage, steps, sampler, *comm);
       const int64_t want = dtl::lab14::model_state_bytes(stage, numels, n).total();
+      doc["stages"].push_back(
+          {{"stage", stage},
+           {"predicted", bytes_json(dtl::lab14::model_state_bytes(stage, numels, n))},
+           {"held", r.held},
+           {"peak", r.peak},
+           {"wire", r.wire}});
       if (stage == 0) dp_wire = r.wire;
       dtl::print0("{:<8} {:>12} {:>12} {:>6.1f}% {:>12} {:>12} {:>8} {:>10.1f} {:>9.4f}",
                   stage == 0 ? "DP" : fmt::format("ZeRO-{}", stage),
@@ -168,6 +188,15 @@ int main(int argc, char** argv) {
                 "padding per unit); measured: the tracker after the last step; step peak: the "
                 "most live during a step (activations and transient gradients included); sent: "
                 "the ring's wire bytes per rank.\n");
+    // The paper's Figure 1: 7.5B parameters on 64 ranks, mixed-precision Adam.
+    for (int stage = 0; stage <= 3; ++stage)
+      doc["at_scale"].push_back({{"stage", stage},
+                                 {"parameters", 7.5e9},
+                                 {"ranks", 64},
+                                 {"bytes", bytes_json(dtl::lab14::model_state_bytes(
+                                               stage, {int64_t{7'500'000'000}}, 64,
+                                               dtl::lab14::Precision::mixed_adam()))}});
+    if (!json_path.empty() && rt.rank() == 0) std::ofstream(json_path) << doc.dump(1) << "\n";
     at_scale("the ZeRO paper's model", 7.5e9);
     at_scale("a 70B model", 70e9);
   } catch (const dtl::Error& e) {

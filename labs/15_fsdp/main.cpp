@@ -5,6 +5,7 @@
 //   ./lab run 15 -- --net eth-2node      4 ranks as 2 nodes joined by 25 Gb/s Ethernet
 //   ./lab run 15 -- --net ib-2node       the same over InfiniBand
 //   ./lab run 15 -- --no-prefetch        every gather on demand: what prefetch was hiding
+//   ./lab run 15 -- --json fsdp.json     also the table and the at-scale bytes as data
 //   ./lab run 15 -- --help               every flag
 //
 // 1. For DDP (lab 04: all-reduce in buckets), ZeRO-3 (lab 14) and FSDP FULL_SHARD,
@@ -18,7 +19,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -164,6 +167,34 @@ void at_scale(const char* label, double psi, int layers, double root) {
   dtl::print0("  (* does not fit the 80 GB of an H100 even before activations)");
 }
 
+// at_scale's arithmetic for one GPU count, per strategy and kind of bytes, for the --json file.
+nlohmann::json at_scale_json(const char* label, double psi, int layers, double root, int n) {
+  using dtl::lab15::param_bytes;
+  const double block = (psi - root) / layers;
+  std::vector<int64_t> units = {static_cast<int64_t>(root)};
+  for (int i = 0; i < layers; ++i) units.push_back(static_cast<int64_t>(block));
+  nlohmann::json out = {{"model", label},
+                        {"parameters", psi},
+                        {"gpus", n},
+                        {"gpus_per_node", 8},
+                        {"strategies", nlohmann::json::array()}};
+  for (ShardingStrategy st : {ShardingStrategy::NO_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                              ShardingStrategy::FULL_SHARD, ShardingStrategy::HYBRID_SHARD}) {
+    const int shard = st == ShardingStrategy::NO_SHARD       ? 1
+                      : st == ShardingStrategy::HYBRID_SHARD ? 8
+                                                             : n;
+    std::vector<ShardingStrategy> all(units.size(), st);
+    const auto params = param_bytes(units, all, shard, n, /*prefetch=*/true, 2, /*bytes=*/2);
+    const double shard_elements = static_cast<double>(params.sharded) / 2;
+    out["strategies"].push_back({{"name", dtl::lab15::to_string(st)},
+                                 {"params_sharded", params.sharded},
+                                 {"params_gathered", params.unsharded},
+                                 {"grads", 2 * shard_elements},
+                                 {"optimizer", 12 * shard_elements}});
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -178,6 +209,8 @@ int main(int argc, char** argv) {
   app.add_option("--rows", rows, "sequences per rank per step")->capture_default_str();
   app.add_option("--steps", steps, "steps per run (the first is warm-up)")->capture_default_str();
   app.add_flag("--no-prefetch", no_prefetch, "FSDP gathers every unit on demand");
+  std::string json_path;
+  app.add_option("--json", json_path, "also write the table and the at-scale bytes to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -205,11 +238,21 @@ int main(int argc, char** argv) {
     const auto configs = dtl::lab15::demo::strategies(rpn);
     for (const auto& fc : configs) kinds.push_back(dtl::lab15::to_string(fc.strategy));
     double full_ms = 0, hybrid_ms = 0;
+    nlohmann::json doc = {{"model", cfg.to_string()},
+                          {"ranks", n},
+                          {"ranks_per_node", rpn},
+                          {"rows", nlohmann::json::array()}};
     for (size_t k = 0; k < kinds.size(); ++k) {
       const FSDPConfig fc = k < 2 ? FSDPConfig{} : configs[k - 2];
       const Row r = run(cfg, kinds[k], fc, !no_prefetch, steps, sampler, rt.world(), rpn);
       if (kinds[k] == "FULL_SHARD") full_ms = r.step_ms;
       if (kinds[k] == "HYBRID_SHARD") hybrid_ms = r.step_ms;
+      doc["rows"].push_back({{"name", r.name},
+                             {"predicted", r.predicted},
+                             {"peak", r.peak},
+                             {"wire", r.wire},
+                             {"inter", r.inter},
+                             {"step_ms", r.step_ms}});
       dtl::print0("{:<14} {:>12} {:>12} {:>12} {:>13} {:>9.1f} {:>9.4f}", r.name,
                   r.predicted >= 0 ? dtl::memory::format_bytes(static_cast<double>(r.predicted)) : "-",
                   dtl::memory::format_bytes(static_cast<double>(r.peak)),
@@ -223,6 +266,8 @@ int main(int argc, char** argv) {
                 "included); sent: the ring's wire bytes per rank; across nodes: those on "
                 "communicators that span nodes. ZeRO-3 runs without weight decay (lab 14's flat "
                 "shards cannot apply it per parameter), hence its slightly different loss.\n");
+    doc["at_scale"] = at_scale_json("a 7B model with Llama 2 7B's shapes", 6.76e9, 32, 0.28e9, 64);
+    if (!json_path.empty() && rt.rank() == 0) std::ofstream(json_path) << doc.dump(1) << "\n";
     at_scale("a 7B model with Llama 2 7B's shapes", 6.76e9, 32, 0.28e9);
     at_scale("a 70B model as equal blocks", 70e9, 80, 1.05e9);
   } catch (const dtl::Error& e) {

@@ -12,13 +12,16 @@
 //   ./lab run 16 -- --net ib-2node -n 4   another network (-n before --)
 //   ./lab run 16 -- --trace run.json      also write the whole run's trace (open in Perfetto)
 //   ./lab run 16 -- --only matmul         one section: matmul, ddp or fsdp
+//   ./lab run 16 -- --json overlap.json   also the timelines and the sweep as data (./lab figures)
 //   ./lab run 16 -- --help                every flag
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,12 @@
 namespace {
 
 using dtl::lab16::RankOverlap;
+using nlohmann::json;
+
+// A window of events as a Chrome trace (the format --trace writes), for the --json file.
+json chrome(const std::vector<dtl::trace::Event>& events) {
+  return json::parse(dtl::trace::chrome_json(events));
+}
 
 // The window [from, to] of every rank's events on rank 0, read with overlap_from_chrome.
 // Collective. Returns the per-rank figures on rank 0 (empty elsewhere) and the events.
@@ -64,7 +73,7 @@ RankOverlap critical(const std::vector<RankOverlap>& ranks) {
 
 // ---------------------------------------------------------------- 1. the collective matmul
 
-void section_matmul(int64_t R, int64_t K, int64_t N, int iters) {
+void section_matmul(int64_t R, int64_t K, int64_t N, int iters, json& out) {
   dtl::Comm& world = dtl::world();
   std::shared_ptr<dtl::Comm> comm = world.dup();
   torch::manual_seed(16);
@@ -109,6 +118,11 @@ void section_matmul(int64_t R, int64_t K, int64_t N, int iters) {
   dtl::print0("  ring / plain step: {:.2f}\n", result[true].wall / result[false].wall);
   for (bool overlap : {false, true})
     dtl::print0("{}:\n{}", overlap ? "ring" : "plain", dtl::trace::gantt(timeline[overlap], 96));
+  out["matmul"] = {{"rows", R},
+                   {"k", K},
+                   {"n", N},
+                   {"plain", chrome(timeline[false])},
+                   {"ring", chrome(timeline[true])}};
 }
 
 // ---------------------------------------------------------------- 2. DDP's buckets
@@ -146,7 +160,7 @@ dtl::lab16::BackwardProfile profile_backward(const dtl::model::GPTConfig& cfg, c
   return p;
 }
 
-void section_ddp(int steps) {
+void section_ddp(int steps, json& out) {
   dtl::Comm& world = dtl::world();
   const dtl::model::GPTConfig cfg = dtl::lab04::demo_config();
   const int64_t per = dtl::lab04::kDemoBatch / world.size();
@@ -171,6 +185,7 @@ void section_ddp(int steps) {
   dtl::print0("{:>10} {:>8} {:>14} {:>14} {:>12}", "cap", "buckets", "predicted ms", "measured ms",
               "exposed ms");
   std::vector<double> measured;
+  json sweep = json::array();
   for (int64_t cap : caps) {
     dtl::model::GPT model(cfg);
     model->to(world.device());
@@ -191,10 +206,20 @@ void section_ddp(int steps) {
     }
     const auto predicted = dtl::lab16::bucket_timing(p, cap, cap);
     measured.push_back(dtl::median(totals));
+    sweep.push_back({{"cap", cap},
+                     {"buckets", predicted.buckets},
+                     {"predicted", predicted.total},
+                     {"measured", measured.back()},
+                     {"exposed", dtl::median(exposed)}});
     dtl::print0("{:>10} {:>8} {:>14.1f} {:>14.1f} {:>12.1f}", dtl::memory::format_bytes(static_cast<double>(cap)), predicted.buckets,
                 predicted.total * 1e3, measured.back() * 1e3, dtl::median(exposed) * 1e3);
   }
   const int64_t predicted_best = dtl::lab16::best_bucket_cap(p, caps);
+  out["ddp"] = {{"model", cfg.to_string()},
+                {"grad_bytes", total_bytes},
+                {"backward", p.backward},
+                {"predicted_best", predicted_best},
+                {"sweep", sweep}};
   const size_t measured_best =
       static_cast<size_t>(std::min_element(measured.begin(), measured.end()) - measured.begin());
   const size_t predicted_index =
@@ -206,7 +231,7 @@ void section_ddp(int steps) {
 
 // ---------------------------------------------------------------- 3. FSDP's prefetch
 
-void section_fsdp(int steps, int64_t rows_per_rank) {
+void section_fsdp(int steps, int64_t rows_per_rank, json& out) {
   dtl::Comm& world = dtl::world();
   const dtl::model::GPTConfig cfg = dtl::model::GPTConfig::small();
   dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 16);
@@ -214,6 +239,7 @@ void section_fsdp(int steps, int64_t rows_per_rank) {
   dtl::print0("3. FSDP FULL_SHARD (lab 15's reference), model {}, {} rows per rank\n", cfg.to_string(),
               rows_per_rank);
   std::map<bool, RankOverlap> result;
+  out["fsdp"] = {{"model", cfg.to_string()}, {"rows", rows_per_rank}};
   for (bool prefetch : {false, true}) {
     dtl::lab15::FSDPConfig fc;
     fc.forward_prefetch = prefetch;
@@ -224,12 +250,15 @@ void section_fsdp(int steps, int64_t rows_per_rank) {
     std::shared_ptr<dtl::Comm> comm = world.dup();
     dtl::lab15::FullyShardedDataParallel fsdp(model, *comm, fc);
     std::vector<RankOverlap> best;
+    json best_window;
     for (int s = 0; s <= steps; ++s) {
       const torch::Tensor rows = sampler.rows(s, world.rank() * rows_per_rank,
                                               (world.rank() + 1) * rows_per_rank).to(world.device());
       dtl::trace::clear();
       comm->barrier();
       const double from = dtl::trace::now();
+      // This rank's live bytes over the step: each unit's gather and release (rank 0's is kept).
+      dtl::memory::record_timeline(true);
       fsdp.zero_grad();
       // The reference marks its own compute: each block's forward, and backward's spans between
       // the points where it blocks on a gather or a reduction.
@@ -239,9 +268,17 @@ void section_fsdp(int steps, int64_t rows_per_rank) {
         fsdp.step();
       }
       const double to = dtl::trace::now();
-      auto ranks = read_window(from, to, nullptr);
-      if (s > 0 && !ranks.empty() && (best.empty() || critical(ranks).wall < critical(best).wall)) best = ranks;
+      dtl::memory::record_timeline(false);
+      std::vector<dtl::trace::Event> evs;
+      auto ranks = read_window(from, to, &evs);
+      if (s > 0 && !ranks.empty() && (best.empty() || critical(ranks).wall < critical(best).wall)) {
+        best = ranks;
+        json memory = json::array();  // (seconds on the trace's clock, bytes)
+        for (const auto& m : dtl::memory::timeline()) memory.push_back({from + m.seconds, m.bytes});
+        best_window = {{"trace", chrome(evs)}, {"memory", memory}};
+      }
     }
+    out["fsdp"][prefetch ? "prefetch" : "no_prefetch"] = best_window;
     if (world.rank() == 0) {
       dtl::print0("prefetch {} (fastest of {} steps):\n{}", prefetch ? "on" : "off", steps,
                   dtl::lab16::overlap_report(best));
@@ -270,6 +307,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "measured steps or calls per case (after one warm-up)")->capture_default_str();
   app.add_option("--only", only, "one section: matmul, ddp or fsdp")
       ->check(CLI::IsMember({"", "matmul", "ddp", "fsdp"}));
+  std::string json_path;
+  app.add_option("--json", json_path,
+                 "also write the timelines (Chrome traces) and the bucket sweep to this file");
   CLI11_PARSE(app, argc, argv);
   if (opts.net.empty()) opts.net = "pcie";  // overlap needs a network worth hiding
 
@@ -279,9 +319,12 @@ int main(int argc, char** argv) {
     dtl::trace::enable(true);
     dtl::print0("{} ranks, network: {}\n", rt.world_size(),
                 dtl::net::enabled() ? dtl::net::current().describe() : "none");
-    if (only.empty() || only == "matmul") section_matmul(R, K, N, steps);
-    if (only.empty() || only == "ddp") section_ddp(steps);
-    if (only.empty() || only == "fsdp") section_fsdp(steps, fsdp_rows);
+    json doc = {{"ranks", rt.world_size()},
+                {"network", dtl::net::enabled() ? dtl::net::current().describe() : "none"}};
+    if (only.empty() || only == "matmul") section_matmul(R, K, N, steps, doc);
+    if (only.empty() || only == "ddp") section_ddp(steps, doc);
+    if (only.empty() || only == "fsdp") section_fsdp(steps, fsdp_rows, doc);
+    if (!json_path.empty() && rt.rank() == 0) std::ofstream(json_path) << doc.dump() << "\n";
   } catch (const dtl::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

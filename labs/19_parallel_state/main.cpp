@@ -7,11 +7,14 @@
 //   ./lab run 19 -- --megatron "--tensor-model-parallel-size 2 --micro-batch-size 2" --world 8
 //   ./lab run 19 -- --deepspeed ds_config.json --world 8 --tp 2
 //   ./lab run 19 -n 4 -- --world 4 --tp 2 --pp 1       also build the groups over 4 real ranks
+//   ./lab run 19 -- --json groups.json                  also every group list as data (./lab
+//   figures)
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -55,6 +58,8 @@ int main(int argc, char** argv) {
   app.add_option("--megatron", megatron, "a Megatron command line to translate (one string)");
   app.add_option("--deepspeed", deepspeed, "a DeepSpeed JSON config file to translate (with --tp, --pp)");
   dtl::add_model_options(app, model);
+  std::string json_path;
+  app.add_option("--json", json_path, "also write the layout's group lists to this file");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -88,6 +93,15 @@ int main(int argc, char** argv) {
     for (const auto& p : dense.get_ranks("pp"))
       embedding.push_back(p.size() == 1 ? std::vector<int>{p.front()} : std::vector<int>{p.front(), p.back()});
     dtl::print0("  {:<10} {}", "embedding", groups_line(embedding));
+    if (!json_path.empty() && rt.rank() == 0) {
+      nlohmann::json groups = {{"embedding", embedding}};
+      for (const char* token : {"tp", "cp", "dp", "pp", "dp-cp", "tp-dp", "tp-pp"})
+        groups[token] = dense.get_ranks(token);
+      const nlohmann::json doc = {{"world", world},  {"tp", tp}, {"cp", cp},
+                                  {"dp", dp},        {"pp", pp}, {"order", dense.order()},
+                                  {"groups", groups}};
+      std::ofstream(json_path) << doc.dump(1) << "\n";
+    }
     if (ep > 1) {
       DTL_CHECK((dp * cp) % ep == 0, fmt::format("--ep {} must divide dp x cp = {}", ep, dp * cp));
       const RankGenerator expert(tp, ep, dp * cp / ep, pp, 1, order);

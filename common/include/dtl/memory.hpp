@@ -1,6 +1,6 @@
 // dtl/memory.hpp — defines: memory::install, current_bytes, peak_bytes, reset_peak, set_limit,
 // limit, Scope (allocation tags), bytes_by_tag, Allocation, largest_live, breakdown,
-// format_bytes; current_bytes(device), peak_bytes(device), reset_peak(device) for any device.
+// format_bytes, record_timeline, timeline_mark, timeline; current_bytes(device), peak_bytes(device), reset_peak(device) for any device.
 //
 // A tracking CPU allocator: the CPU analogue of torch.cuda.memory_allocated() and
 // max_memory_allocated(). install() wraps LibTorch's CPU allocator, so every CPU tensor
@@ -49,6 +49,20 @@ void reset_peak();       // peak = current
 size_t current_bytes(const c10::Device& device);
 size_t peak_bytes(const c10::Device& device);
 void reset_peak(const c10::Device& device);
+
+// A timeline of current_bytes() over a stretch of code, for figures of memory over a step
+// (./lab figures draws labs 06 and 13 from it). While recording, every allocation and free
+// through the tracker appends a Sample; timeline_mark adds a labelled one ("backward") at a
+// point of the program's choosing. record_timeline(true) clears the last recording; off by
+// default (recording costs one push_back per allocation, under the tracker's lock).
+struct Sample {
+  double seconds;     // since record_timeline(true), steady clock
+  size_t bytes;       // current_bytes() after the allocation or free
+  std::string label;  // "" for allocations and frees; the mark's label otherwise
+};
+void record_timeline(bool on);
+void timeline_mark(const char* label);
+std::vector<Sample> timeline();
 
 // 0 = no limit. An allocation that would take current_bytes() above the limit throws
 // dtl::OutOfMemory (requested, current, limit, per-tag bytes, largest live allocations);

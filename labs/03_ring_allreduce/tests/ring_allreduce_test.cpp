@@ -42,14 +42,14 @@ TEST(AlphaBeta, RingAllReduceFormula) {
     for (double S : {0.0, 1024.0, 1e9}) {
       const double expected = 2.0 * (n - 1) * kAlpha + 2.0 * (n - 1) / n * S / kBeta;
       EXPECT_PRED2(rel_close,
-                   dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, n, S, kAlpha, kBeta),
+                   OBSERVE(dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, n, S, kAlpha, kBeta)),
                    expected)
           << "n=" << n << " S=" << S;
     }
   // Worked example: 4 ranks, 1 GB, 10 us, 10 GB/s: 6 x 10 us + 1.5 x 0.1 s = 0.15006 s.
-  EXPECT_NEAR(dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, 4, 1e9, 1e-5, 10e9), 0.15006,
-              1e-12);
-  EXPECT_EQ(dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, 1, 1e9, kAlpha, kBeta), 0.0)
+  EXPECT_NEAR(OBSERVE(dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, 4, 1e9, 1e-5, 10e9)),
+              0.15006, 1e-12);
+  EXPECT_EQ(OBSERVE(dtl::lab03::alpha_beta_time(Algorithm::RingAllReduce, 1, 1e9, kAlpha, kBeta)), 0.0)
       << "one rank communicates nothing";
 }
 
@@ -58,7 +58,7 @@ TEST(AlphaBeta, RingReduceScatterAndAllGatherAreHalfTheAllReduce) {
     for (auto algo : {Algorithm::RingReduceScatter, Algorithm::RingAllGather}) {
       const double S = 64e6;
       const double expected = (n - 1) * kAlpha + (n - 1.0) / n * S / kBeta;
-      EXPECT_PRED2(rel_close, dtl::lab03::alpha_beta_time(algo, n, S, kAlpha, kBeta), expected)
+      EXPECT_PRED2(rel_close, OBSERVE(dtl::lab03::alpha_beta_time(algo, n, S, kAlpha, kBeta)), expected)
           << dtl::lab03::to_string(algo) << " n=" << n;
     }
 }
@@ -71,7 +71,7 @@ TEST(AlphaBeta, RecursiveDoublingFormula) {
   for (auto [n, k] : rounds)
     EXPECT_PRED2(
         rel_close,
-        dtl::lab03::alpha_beta_time(Algorithm::RecursiveDoublingAllReduce, n, S, kAlpha, kBeta),
+        OBSERVE(dtl::lab03::alpha_beta_time(Algorithm::RecursiveDoublingAllReduce, n, S, kAlpha, kBeta)),
         k * round)
         << "n=" << n << " should take " << k << " rounds";
 }
@@ -80,7 +80,7 @@ TEST(AlphaBeta, LatencyBoundVersusBandwidthBound) {
   // 8 ranks: 3 rounds of recursive doubling beat 14 ring steps on a small message, and the
   // ring's 1.75 S on the wire beats recursive doubling's 3 S on a large one.
   auto t = [](Algorithm a, double S) {
-    return dtl::lab03::alpha_beta_time(a, 8, S, kAlpha, kBeta);
+    return OBSERVE(dtl::lab03::alpha_beta_time(a, 8, S, kAlpha, kBeta));
   };
   EXPECT_LT(t(Algorithm::RecursiveDoublingAllReduce, 1024), t(Algorithm::RingAllReduce, 1024));
   EXPECT_LT(t(Algorithm::RingAllReduce, 64 << 20),
@@ -158,13 +158,13 @@ TEST(RingReduceScatter, SendsEveryChunkButItsOwnToOneNeighbour) {
   const int64_t numel = 1001;  // not divisible by 2..5; chunks of 4 KiB at most
   auto output = torch::empty({chunk_range(numel, n, r).size()}, device_options());
   dtl::lab03::ring_reduce_scatter(*comm, output, torch::ones({numel}, device_options()));
-  const auto s = comm->stats();
+  const auto s = MEASURED(comm->stats());
   EXPECT_EQ(s[OpType::SendRecv].count, n - 1) << "one sendrecv per ring step, n-1 steps";
   EXPECT_EQ(collectives_used(s), "") << "build it from sendrecv only";
   // Over all ranks, the chain of every chunk has n-1 hops: (n-1) x S bytes in total.
   EXPECT_EQ(dtl::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
             (n - 1) * numel * 4.0);
-  EXPECT_LE(sendrecv_destinations(*comm).size(), 1u) << "a ring talks to one neighbour only";
+  EXPECT_LE(MEASURED(sendrecv_destinations(*comm)).size(), 1u) << "a ring talks to one neighbour only";
 }
 
 // ================================================================ Task 3: ring all-gather
@@ -216,12 +216,12 @@ TEST(RingAllGather, ForwardsEveryChunkButOneToOneNeighbour) {
   const int64_t numel = 1001;
   auto output = torch::empty({numel}, device_options());
   dtl::lab03::ring_all_gather(*comm, output, torch::ones({chunk_range(numel, n, r).size()}, device_options()));
-  const auto s = comm->stats();
+  const auto s = MEASURED(comm->stats());
   EXPECT_EQ(s[OpType::SendRecv].count, n - 1);
   EXPECT_EQ(collectives_used(s), "");
   EXPECT_EQ(dtl::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
             (n - 1) * numel * 4.0);
-  EXPECT_LE(sendrecv_destinations(*comm).size(), 1u);
+  EXPECT_LE(MEASURED(sendrecv_destinations(*comm)).size(), 1u);
 }
 
 // ================================================================ Task 4: ring all-reduce
@@ -277,7 +277,7 @@ TEST(RingAllReduce, LargeTensorEveryRankHoldsTheSameBits) {
   EXPECT_TRUE(reduced_equal(t, expected, ReduceOp::Sum));
   // Replicas of a model must not drift apart: the result is bitwise identical everywhere.
   DTL_EXPECT_SAME_ON_ALL_RANKS(t);
-  const auto s = comm->stats();
+  const auto s = MEASURED(comm->stats());
   EXPECT_EQ(dtl::sum_over_ranks(static_cast<double>(s[OpType::SendRecv].bytes)),
             2.0 * (n - 1) * numel * 4)
       << "the ring sends each chunk n-1 times in each phase";
@@ -290,8 +290,8 @@ TEST(RingAllReduce, WritesIntoTheCallersTensorAndViews) {
   auto t = torch::arange(7 * 13, device_options(torch::kFloat64)).reshape({7, 13}) + r;
   const void* storage = t.data_ptr();
   dtl::lab03::ring_all_reduce(*comm, t);
-  EXPECT_EQ(t.data_ptr(), storage);
-  EXPECT_EQ(t.sizes().vec(), (std::vector<int64_t>{7, 13}));
+  EXPECT_TRUE(OBSERVE(t.data_ptr() == storage)) << "the result must land in the tensor's own storage";
+  EXPECT_EQ(OBSERVE(t.sizes().vec()), (std::vector<int64_t>{7, 13}));
   DTL_EXPECT_EQUAL(t,
                    torch::arange(7 * 13, device_options(torch::kFloat64)).reshape({7, 13}) * n + n * (n - 1) / 2.0);
   // A non-contiguous view (every other column): the view sees the result, the columns in
@@ -310,11 +310,11 @@ TEST(RingAllReduce, TwoNMinusOneStepsAndBandwidthOptimalBytes) {
     auto comm = fresh_comm();
     const int n = comm->size(), r = comm->rank();
     dtl::lab03::ring_all_reduce(*comm, torch::ones({numel}, device_options()));
-    const auto s = comm->stats();
+    const auto s = MEASURED(comm->stats());
     EXPECT_EQ(s[OpType::SendRecv].count, 2 * (n - 1))
         << "n-1 reduce-scatter + n-1 all-gather steps";
     EXPECT_EQ(collectives_used(s), "") << "build it from sendrecv only";
-    EXPECT_LE(sendrecv_destinations(*comm).size(), 1u) << "a ring talks to one neighbour only";
+    EXPECT_LE(MEASURED(sendrecv_destinations(*comm)).size(), 1u) << "a ring talks to one neighbour only";
     const double S = numel * 4.0, sent = static_cast<double>(s[OpType::SendRecv].bytes);
     EXPECT_EQ(dtl::sum_over_ranks(sent), 2.0 * (n - 1) * S) << "numel " << numel;
     if (numel % n == 0) {
@@ -356,7 +356,7 @@ TEST(RecursiveDoubling, LogarithmicNumberOfMessages) {
   const int n = comm->size();
   const int64_t numel = 1000;
   dtl::lab03::recursive_doubling_all_reduce(*comm, torch::ones({numel}, device_options()));
-  const auto s = comm->stats();
+  const auto s = MEASURED(comm->stats());
   EXPECT_EQ(collectives_used(s), "") << "build it from point-to-point calls only";
   const int lg = floor_log2(n);
   const int64_t p2p = s[OpType::SendRecv].count + s[OpType::Send].count + s[OpType::Recv].count;
@@ -396,7 +396,7 @@ TEST(BadInput, SizeAndDtypeErrorsNameTheConstraint) {
               ::testing::HasSubstr("dtype"));
   EXPECT_THAT(error_of([&] { dtl::lab03::ring_all_reduce(*comm, torch::ones({4}, device_options(torch::kBool))); }),
               ::testing::HasSubstr("dtype"));
-  EXPECT_EQ(comm->stats().total_count(), 0) << "a rejected call must not send anything";
+  EXPECT_EQ(MEASURED(comm->stats()).total_count(), 0) << "a rejected call must not send anything";
 }
 
 }  // namespace

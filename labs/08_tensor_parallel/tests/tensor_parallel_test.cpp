@@ -192,6 +192,56 @@ TEST(RowParallelLinear, FullInputMatchesSerial) {
 TEST(RowParallelLinear, WithoutBias) { expect_row_matches_serial(true, false, *fresh_comm()); }
 TEST(RowParallelLinear, UsesOnlyItsGroup) { expect_row_matches_serial(false, true, *half_group()); }
 
+// A parallel layer computes with the shard it registered, nothing else. Each rank scales its
+// own shard by its own factor; the layer must then equal the serial Linear whose full weight
+// those shards make up (every rank knows the factors, so no communication is needed to build
+// it). A layer that kept the full weight it was built from and computed the serial layer
+// locally passes the tests above, and fails these.
+torch::Tensor scaled_by_rank(const torch::Tensor& full, int64_t dim, int n) {
+  std::vector<torch::Tensor> parts;
+  const int64_t k = full.size(dim) / n;
+  for (int rank = 0; rank < n; ++rank) parts.push_back(full.narrow(dim, rank * k, k) * (1.0 + 0.25 * (rank + 1)));
+  return torch::cat(parts, dim);
+}
+
+TEST(ColumnParallelLinear, ComputesWithItsOwnShard) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  torch::nn::Linear serial = serial_linear(kIn, kOut, true, 23);
+  ColumnParallelLinear col(serial->weight, serial->bias, *comm, true);
+  {
+    torch::NoGradGuard no_grad;
+    col->weight.mul_(1.0 + 0.25 * (r + 1));
+    col->bias.mul_(1.0 + 0.25 * (r + 1));
+  }
+  torch::nn::Linear changed = serial_linear(kIn, kOut, true, 23);
+  {
+    torch::NoGradGuard no_grad;
+    changed->weight.copy_(scaled_by_rank(changed->weight, 0, n));
+    changed->bias.copy_(scaled_by_rank(changed->bias, 0, n));
+  }
+  const torch::Tensor x = same_input({2, 3, kIn}, 24);
+  DTL_EXPECT_CLOSE(col(x), changed(x)) << "the output must come from this rank's registered shard";
+}
+
+TEST(RowParallelLinear, ComputesWithItsOwnShard) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  torch::nn::Linear serial = serial_linear(kIn, kOut, true, 25);
+  RowParallelLinear row(serial->weight, serial->bias, *comm, false);
+  {
+    torch::NoGradGuard no_grad;
+    row->weight.mul_(1.0 + 0.25 * (r + 1));
+  }
+  torch::nn::Linear changed = serial_linear(kIn, kOut, true, 25);
+  {
+    torch::NoGradGuard no_grad;
+    changed->weight.copy_(scaled_by_rank(changed->weight, 1, n));
+  }
+  const torch::Tensor x = same_input({2, 3, kIn}, 26);
+  DTL_EXPECT_CLOSE(row(x), changed(x)) << "the output must come from this rank's registered shard";
+}
+
 TEST(ParallelLinear, RejectSizesTpDoesNotDivideAndWrongInputs) {
   auto comm = fresh_comm();
   const int n = comm->size();
@@ -271,6 +321,33 @@ TEST(TensorParallelMLP, EqualsTheSerialMLPWithOneAllReduceEachWay) {
   std::vector<std::string> names;
   for (const auto& p : tp->named_parameters()) names.push_back(p.key());
   EXPECT_EQ(names, (std::vector<std::string>{"fc.weight", "fc.bias", "proj.weight", "proj.bias"}));
+}
+
+// The MLP computes with its layers' registered shards: after each rank scales its own fc and
+// proj shards, it equals the serial MLP of the full weights those shards make up. An MLP that
+// kept the full weights, computed everything locally and all-reduced a zero-padded copy of the
+// result (one all-reduce of the right size each way) passes the test above, and fails this one.
+TEST(TensorParallelMLP, ComputesWithItsOwnShards) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  dtl::model::MLP serial = serial_mlp();
+  TensorParallelMLP tp(serial->fc->weight, serial->fc->bias, serial->proj->weight,
+                       serial->proj->bias, *comm);
+  {
+    torch::NoGradGuard no_grad;
+    tp->fc->weight.mul_(1.0 + 0.25 * (r + 1));
+    tp->fc->bias.mul_(1.0 + 0.25 * (r + 1));
+    tp->proj->weight.mul_(1.0 + 0.25 * (r + 1));
+  }
+  dtl::model::MLP changed = serial_mlp();
+  {
+    torch::NoGradGuard no_grad;
+    changed->fc->weight.copy_(scaled_by_rank(changed->fc->weight, 0, n));
+    changed->fc->bias.copy_(scaled_by_rank(changed->fc->bias, 0, n));
+    changed->proj->weight.copy_(scaled_by_rank(changed->proj->weight, 1, n));
+  }
+  const torch::Tensor x = same_input({2, 4, kIn}, 42);
+  DTL_EXPECT_CLOSE(tp(x), changed(x), 1e-4, 1e-5) << "the output must come from the registered shards";
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include "dtl/comm.hpp"
 #include "dtl/data.hpp"
+#include "dtl/harness/observe.hpp"
 #include "dtl/error.hpp"
 #include "dtl/model.hpp"
 #include "dtl/optim.hpp"
@@ -82,13 +83,22 @@ constexpr double kAtol = 1e-6;
 // comparisons (tensors_equal) are never widened.
 constexpr double kCudaToleranceScale = 10.0;
 
+// Every check below observes its `actual` argument (dtl/harness/observe.hpp): in the
+// autograder's split run, the driver compares the value your code's run produced with the
+// expected value it computed itself. So `actual` is always the value under test, `expected`
+// the oracle; never the other way round. The trailing file/line default to the caller's.
+//
 // gtest predicate-style comparison: shapes and dtypes must match, then
 // |actual - expected| <= atol + rtol * |expected| elementwise (x kCudaToleranceScale on CUDA). The failure message names the
 // worst element (flat index and multi-index), both values, and how many elements fail.
 ::testing::AssertionResult tensors_close(const torch::Tensor& actual, const torch::Tensor& expected,
-                                         double rtol = kRtol, double atol = kAtol);
+                                         double rtol = kRtol, double atol = kAtol,
+                                         const char* file = __builtin_FILE(),
+                                         int line = __builtin_LINE());
 // Exact equality (bitwise for floats), e.g. for integer results and bitwise-resume oracles.
-::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected);
+::testing::AssertionResult tensors_equal(const torch::Tensor& actual, const torch::Tensor& expected,
+                                         const char* file = __builtin_FILE(),
+                                         int line = __builtin_LINE());
 
 #define DTL_EXPECT_CLOSE(actual, expected, ...) \
   EXPECT_TRUE(::dtl::testing::tensors_close((actual), (expected), ##__VA_ARGS__))
@@ -99,14 +109,18 @@ constexpr double kCudaToleranceScale = 10.0;
 
 // Function forms (same semantics) for use in helpers.
 void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol = kRtol,
-                  double atol = kAtol, const std::string& what = "");
+                  double atol = kAtol, const std::string& what = "",
+                  const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
 // Every rank holds the same tensor (bitwise): rank 0's copy is broadcast over the harness's
 // control channel and compared on each rank; a mismatch reports the rank and the worst element.
 // Must be called by all ranks.
-::testing::AssertionResult same_on_all_ranks(const torch::Tensor& t);
+::testing::AssertionResult same_on_all_ranks(const torch::Tensor& t,
+                                             const char* file = __builtin_FILE(),
+                                             int line = __builtin_LINE());
 #define DTL_EXPECT_SAME_ON_ALL_RANKS(t) EXPECT_TRUE(::dtl::testing::same_on_all_ranks(t))
-void expect_same_on_all_ranks(const torch::Tensor& t, const std::string& what = "");
+void expect_same_on_all_ranks(const torch::Tensor& t, const std::string& what = "",
+                              const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
 // All parameters (or their grads) of a module, flattened and concatenated in registration
 // order: one tensor to compare two models with.
@@ -116,33 +130,39 @@ torch::Tensor flat_grads(const torch::nn::Module& m);  // missing grads count as
 // with the failure naming the parameter and element that hold the worst difference:
 // "... worst in blocks.1.mlp.fc.weight[3,7]: actual ..., expected ...".
 ::testing::AssertionResult params_close(const torch::nn::Module& m, const torch::Tensor& expected_flat,
-                                        double rtol = kRtol, double atol = kAtol, bool grads = false);
+                                        double rtol = kRtol, double atol = kAtol, bool grads = false,
+                                        const char* file = __builtin_FILE(),
+                                        int line = __builtin_LINE());
 #define DTL_EXPECT_PARAMS_CLOSE(module, expected_flat, ...) \
   EXPECT_TRUE(::dtl::testing::params_close((module), (expected_flat), ##__VA_ARGS__))
 #define DTL_EXPECT_GRADS_CLOSE(module, expected_flat, rtol, atol) \
   EXPECT_TRUE(::dtl::testing::params_close((module), (expected_flat), (rtol), (atol), true))
 // Parameter by parameter, with the parameter's name in the failure message.
 void expect_modules_close(const torch::nn::Module& actual, const torch::nn::Module& expected,
-                          double rtol = kRtol, double atol = kAtol, bool grads = false);
+                          double rtol = kRtol, double atol = kAtol, bool grads = false,
+                          const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
 // The message of the dtl::Error that fn raises, or "(no dtl::Error)". A NotImplemented is
 // rethrown: an unfinished skeleton must fail as "not implemented", not as a wrong message.
+// The message is observed (the code under test wrote it).
 template <typename Fn>
-std::string error_of(Fn&& fn) {
+std::string error_of(Fn&& fn, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  std::string msg = "(no dtl::Error)";
   try {
     fn();
   } catch (const dtl::NotImplemented&) {
     throw;
   } catch (const dtl::Error& e) {
-    return e.what();
+    msg = e.what();
   }
-  return "(no dtl::Error)";
+  return observe(std::move(msg), "the error message", Source::kComputed, file, line);
 }
 
 // Expects fn to raise a dtl::Error whose message contains `needle` (the broken constraint).
 template <typename Fn>
-void expect_error_mentions(Fn&& fn, const std::string& needle) {
-  std::string msg = error_of(std::forward<Fn>(fn));
+void expect_error_mentions(Fn&& fn, const std::string& needle, const char* file = __builtin_FILE(),
+                           int line = __builtin_LINE()) {
+  std::string msg = error_of(std::forward<Fn>(fn), file, line);
   EXPECT_NE(msg.find(needle), std::string::npos)
       << "message: " << msg << "\nexpected a dtl::Error mentioning: " << needle;
 }

@@ -1,0 +1,276 @@
+// The sandboxed run and its verdict (jobs.hpp).
+#include "jobs.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "results.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace dtl::grade {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, '|');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// A program's real path (PATH looked up, links resolved); "" if absent.
+std::string which(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const fs::path p = fs::path(dir) / program;
+    if (access(p.c_str(), X_OK) == 0) {
+      char buf[PATH_MAX];
+      return realpath(p.c_str(), buf) ? std::string(buf) : p.string();
+    }
+  }
+  return "";
+}
+
+uint64_t fresh_seed() {
+  uint64_t seed = 0;
+  if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = static_cast<uint64_t>(time(nullptr));
+  return seed % 1000000007ull;  // a number DTL_SEED's strtoull reads back exactly
+}
+
+}  // namespace
+
+std::string failure_text(const json& failures, size_t max) {
+  static const std::regex rank_prefix(R"(^Failed\n\[rank (\d+)/\d+\] )");
+  std::vector<std::string> order;
+  std::map<std::string, std::string> first;               // location -> message
+  std::map<std::string, std::vector<std::string>> ranks;  // location -> other ranks
+  for (auto& f : failures) {
+    std::string text = plain(f.value("failure", "failed"));
+    const size_t nl = text.find('\n');
+    const std::string where = nl == std::string::npos ? "" : text.substr(0, nl);
+    std::string body = nl == std::string::npos ? text : text.substr(nl + 1);
+    std::smatch m;
+    std::string rank = "0";
+    if (std::regex_search(body, m, rank_prefix)) {
+      rank = m[1].str();
+      body = m.suffix().str();
+    }
+    const std::string key = where.empty() ? body : where;
+    if (!first.count(key)) {
+      order.push_back(key);
+      first[key] = (where.empty() ? "" : where + "\n") + body;
+      if (rank != "0") ranks[key].push_back(rank);
+    } else {
+      ranks[key].push_back(rank);
+    }
+  }
+  std::string out;
+  for (const auto& key : order) {
+    std::string msg = first[key];
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+    out += msg;
+    if (!ranks[key].empty()) {
+      std::string list;
+      for (auto& r : ranks[key]) list += (list.empty() ? "" : ", ") + r;
+      out += fmt::format("\n(the same check also failed on rank{} {})",
+                         ranks[key].size() > 1 ? "s" : "", list);
+    }
+    out += "\n";
+    if (out.size() > max) {
+      out = out.substr(0, max) + "\n... (more in the log)\n";
+      break;
+    }
+  }
+  return out;
+}
+
+JobRunner::JobRunner(const Options& opt, const Identity& student, std::string reports,
+                     std::vector<std::string> libraries)
+    : opt_(opt),
+      student_(student),
+      reports_(std::move(reports)),
+      libraries_(std::move(libraries)) {}
+
+std::vector<std::string> JobRunner::mpirun(int n) const {
+  std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(n)};
+  for (auto& f : split_list(DTL_MPIRUN_FLAGS)) cmd.push_back(f);
+  return cmd;
+}
+
+// cmake/mpirun.env, compiled in (the one place CMake, ./lab and the grader read it from),
+// plus: no emulator, trace or Gantt chart may leak into a graded run from the environment.
+std::vector<std::string> JobRunner::mpi_env() const {
+  std::vector<std::string> env = split_list(DTL_MPIRUN_ENV);
+  for (const char* clear : {"DTL_NET=", "DTL_TRACE=", "DTL_GANTT="}) env.push_back(clear);
+  // OpenMPI's single-copy transfers between ranks (CMA) read other processes' memory, which the
+  // sandbox forbids and an unprivileged user is denied ("Read -1, expected ..."): copy through
+  // the shared-memory segment instead.
+  env.push_back("OMPI_MCA_btl_vader_single_copy_mechanism=none");
+  return env;
+}
+
+std::string JobRunner::job_dir() {
+  const fs::path dir = fs::path(reports_) / fmt::format("job-{}", counter_++);
+  fs::create_directories(dir);
+  if (student_.dropped()) {
+    (void)!chown(dir.c_str(), static_cast<uid_t>(student_.uid), static_cast<gid_t>(student_.gid));
+    // The reports directory itself stays the grader's; the student's user only passes through.
+    fs::permissions(reports_, fs::perms::owner_all | fs::perms::others_exec);
+  }
+  return dir.string();
+}
+
+Limits JobRunner::student_limits(const std::string& job_dir) const {
+  Limits l;
+  l.output_bytes = static_cast<long long>(opt_.output_limit_mb) << 20;
+  l.file_bytes = std::max<long long>(l.output_bytes, 1LL << 30);  // observations can be large
+  l.data_bytes = static_cast<long long>(opt_.memory_limit_mb) << 20;
+  l.watch_dir = job_dir;
+  l.dir_bytes = static_cast<long long>(opt_.disk_limit_mb) << 20;
+  return l;
+}
+
+Launch JobRunner::student_launch() const {
+  Launch l;
+  l.as = student_;
+  l.own_pid_namespace = true;
+  return l;
+}
+
+std::vector<std::string> JobRunner::sandbox_prefix(const std::string& job_dir,
+                                                   bool processes) const {
+  if (!opt_.sandbox) return {};
+  const std::string sandbox = (fs::path(opt_.build) / "bin" / "dtl-sandbox").string();
+  std::vector<std::string> cmd = {sandbox, "--write", job_dir};
+  // What a rank reads: system libraries and configuration, /proc and /sys (MPI's and the BLAS's
+  // view of the machine), devices (/dev/null, /dev/urandom, GPUs), and the directories of the
+  // shared libraries the tests load (the runtime's, a LibTorch outside /usr). Not the course's
+  // sources, solutions, hidden tests or other binaries.
+  std::set<std::string> read = {"/usr", "/lib", "/lib64", "/etc", "/proc", "/sys", "/dev"};
+  for (const auto& lib : libraries_) read.insert(fs::path(lib).parent_path().string());
+  for (const auto& r : read) {
+    cmd.push_back("--read");
+    cmd.push_back(r);
+  }
+  if (processes) {
+    cmd.push_back("--processes");
+    for (const char* program : {"mpirun", "mpiexec", "orterun", "orted"})
+      if (const std::string p = which(program); !p.empty()) {
+        cmd.push_back("--exec");
+        cmd.push_back(p);
+      }
+  }
+  cmd.push_back("--");
+  return cmd;
+}
+
+void JobRunner::read_report(const std::string& path, Job& job) const {
+  std::ifstream in(path);
+  job.report = json::parse(in, nullptr, false);
+  std::error_code ec;
+  fs::remove(path, ec);
+  if (job.report.is_discarded() || !job.report.contains("testsuites")) return;
+  for (auto& suite : job.report["testsuites"])
+    for (auto& t : suite.value("testsuite", json::array())) {
+      const std::string name = suite.value("name", "") + "." + t.value("name", "");
+      if (t.contains("failures") && !t["failures"].empty())
+        job.failed[name] = failure_text(t["failures"]);
+      else if (t.value("result", "") == "COMPLETED")
+        job.passed.insert(name);
+      else if (t.value("result", "") == "SKIPPED")
+        job.skipped.insert(name);
+    }
+}
+
+Job JobRunner::run(const JobPlan& plan) {
+  Job job;
+  job.timeout = plan.timeout;
+  const std::string dir = plan.untrusted ? job_dir() : reports_;
+  const std::string tag =
+      fmt::format("{}_n{}_{}", fs::path(plan.worker).filename().string(), plan.world, counter_++);
+  const std::string seed = std::to_string(fresh_seed());
+  // ---- worker
+  std::vector<std::string> cmd = mpirun(plan.world);
+  if (plan.untrusted)
+    for (auto& a : sandbox_prefix(dir, plan.processes)) cmd.push_back(a);
+  const std::string worker_report = fmt::format("{}/{}.worker.json", dir, tag);
+  for (std::string a :
+       {plan.worker, "--gtest_filter=" + plan.filter, "--gtest_output=json:" + worker_report,
+        std::string("--gtest_color=no"), fmt::format("--dtl_timeout={}", plan.test_timeout)})
+    cmd.push_back(a);
+  const bool split = !plan.driver.empty();
+  if (split) cmd.push_back("--dtl_record=" + dir);
+  auto env = mpi_env();
+  const std::string watchdog_report = fmt::format("{}/{}.watchdog.json", dir, tag);
+  env.push_back("DTL_WATCHDOG_REPORT=" + watchdog_report);
+  env.push_back("DTL_SEED=" + seed);
+  if (plan.untrusted) {
+    // Everything the job writes stays in its directory: OpenMPI's session files and shared
+    // memory, the tests' scratch directories, anything under $HOME.
+    for (const char* var : {"TMPDIR=", "HOME=", "OMPI_MCA_btl_vader_backing_directory="})
+      env.push_back(var + dir);
+  }
+  job.worker = plan.untrusted
+                   ? run_command(cmd, plan.timeout, env, dir, student_limits(dir), student_launch())
+                   : run_command(cmd, plan.timeout, env, reports_);
+  {
+    std::ifstream in(watchdog_report);
+    job.watchdog = json::parse(in, nullptr, false);
+  }
+  read_report(worker_report, job);
+  // ---- driver: only when the worker's report leaves something to confirm
+  const bool worker_ended = !job.worker.timed_out && !job.worker.output_limited &&
+                            !job.worker.disk_limited && job.worker.signal == 0;
+  const bool nothing_passed = worker_ended && !job.report.is_discarded() && job.passed.empty() &&
+                              (job.worker.exit_code == 0 || job.worker.exit_code == 1);
+  std::error_code ec;
+  // Without a driver, or when the worker's report shows nothing passing (a forged report could
+  // only cost its author here), the worker's report is the verdict.
+  if (!split || nothing_passed) {
+    if (plan.untrusted) fs::remove_all(dir, ec);
+    return job;
+  }
+  job.split = true;
+  job.driver_ran = true;
+  const std::string trusted = fmt::format("{}/{}", reports_, tag);
+  fs::create_directories(trusted);
+  fs::permissions(trusted, fs::perms::owner_all);
+  const std::string driver_report = trusted + "/driver.json", summary = trusted + "/summary.json";
+  std::vector<std::string> dcmd = mpirun(plan.world);
+  for (std::string a :
+       {plan.driver, "--gtest_filter=" + plan.filter, "--gtest_output=json:" + driver_report,
+        std::string("--gtest_color=no"), fmt::format("--dtl_timeout={}", plan.test_timeout),
+        "--dtl_check=" + dir, "--dtl_check_summary=" + summary})
+    dcmd.push_back(a);
+  auto denv = mpi_env();
+  denv.push_back("DTL_SEED=" + seed);
+  denv.push_back("DTL_WATCHDOG_REPORT=" + trusted + "/watchdog.json");
+  denv.push_back("TMPDIR=" + trusted);
+  job.failed.clear();
+  job.passed.clear();
+  job.skipped.clear();
+  job.driver = run_command(dcmd, plan.timeout, denv, trusted);
+  read_report(driver_report, job);
+  {
+    std::ifstream in(summary);
+    job.summary = json::parse(in, nullptr, false);
+  }
+  fs::remove_all(trusted, ec);
+  if (plan.untrusted) fs::remove_all(dir, ec);
+  return job;
+}
+
+}  // namespace dtl::grade

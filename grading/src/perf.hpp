@@ -1,0 +1,42 @@
+// perf.hpp — defines: PerfRunner.
+//
+// Stage 5 of grading, performance, timed by the grader itself: a benchmark's in-process timer
+// runs inside the student's process, so its figures are shown but not scored. The grader times
+// whole benchmark processes with its own clock, twice per side and round, with the rubric's low
+// and high repetition counts (--benchmark_repetitions): the difference is the time of the extra
+// repetitions, start-up (MPI, LibTorch) cancelled out. Student and reference runs alternate, the
+// order flipping every round; the score compares medians per repetition. When the reference's own
+// rounds disagree by more than half (a busy machine) and the result is under the bar, more
+// rounds are taken; if the machine stays that noisy the check is reported "unstable", with its
+// points given, never as a 0 the submission did not earn. The benchmark's own check that every
+// timed call computed the right result runs inside the student's process (an in-process check).
+#pragma once
+
+#include <string>
+
+#include "jobs.hpp"
+#include "options.hpp"
+#include "results.hpp"
+#include "rubric.hpp"
+
+namespace dtl::grade {
+
+class PerfRunner {
+ public:
+  PerfRunner(const Options& opt, JobRunner& jobs) : opt_(opt), jobs_(jobs) {}
+  // `mine` runs the code being graded (in the sandbox when `untrusted`), `reference` the course's.
+  PerfResult run(const PerfCheck& check, const std::string& mine, const std::string& reference,
+                 bool untrusted);
+
+ private:
+  struct Sample {
+    double seconds = -1;  // wall time of the whole process, by the grader's clock
+    double figure = NAN;  // the benchmark's own counter (in-process: shown, not scored)
+  };
+  Sample once(const PerfCheck& check, const std::string& exe, int repetitions, bool untrusted,
+              std::string& log);
+  const Options& opt_;
+  JobRunner& jobs_;
+};
+
+}  // namespace dtl::grade

@@ -1,0 +1,295 @@
+// The report stage (report.hpp).
+#include "report.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+using nlohmann::json;
+
+namespace dtl::grade {
+
+namespace {
+
+std::string status_of(double score, double max) {
+  return score >= max - 1e-9 ? "passed" : "failed";
+}
+
+bool visible(const GroupRun& run) { return run.group->visibility == "visible"; }
+
+// A lab's reason as students may see it before the due date.
+std::string visible_reason(const LabResult& lab) {
+  if (lab.not_started) return lab.reason;
+  for (const auto& run : lab.runs)
+    if (!run.reason.empty() && visible(run)) return run.reason;
+  for (const auto& run : lab.runs)
+    if (!run.reason.empty()) return "a hidden test fails (its results appear after the due date)";
+  return lab.reason;
+}
+
+}  // namespace
+
+std::string table(const std::vector<LabResult>& labs, const Options& opt,
+                  const std::string& isolation, bool for_students) {
+  std::string out = fmt::format("{:<5} {:<44} {:>9} {:>13} {:>11} {:>13}  {}\n", "lab", "title",
+                                "tests", "correctness", "perf", "total", "reason");
+  double got = 0, max = 0;
+  for (auto& lab : labs) {
+    const Rubric& r = *lab.rubric;
+    std::string title = r.title.size() > 44 ? r.title.substr(0, 41) + "..." : r.title;
+    double t = lab.correctness + lab.performance, m = lab.correctness_max + lab.performance_max;
+    got += t;
+    max += m;
+    const std::string reason = for_students ? visible_reason(lab) : lab.reason;
+    out += fmt::format(
+        "{:<5} {:<44} {:>9} {:>13} {:>11} {:>13}  {}\n", r.lab, title,
+        lab.not_started ? "-" : fmt::format("{}/{}", lab.pairs_passed, lab.pairs_total),
+        fmt::format("{:.1f}/{:g}", lab.correctness, lab.correctness_max),
+        fmt::format("{:.0f}/{:g}", lab.performance, lab.performance_max),
+        fmt::format("{:.1f}/{:g}", t, m), reason.empty() ? "ok" : first_line(reason, 160));
+    for (auto& p : lab.perf)
+      if (!std::isnan(p.ratio))
+        out += fmt::format("      performance {}: {:.2f} x the reference (needs {:.2f}){}\n",
+                           p.check->name, p.ratio, p.check->min_ratio,
+                           p.unstable ? ", unstable: points given" : "");
+    if (!lab.verdict.empty() && !lab.not_started)
+      out += fmt::format("      verdict: {}\n", lab.verdict);
+    if (!for_students && !lab.integrity.empty()) {
+      out += "      integrity report (for the instructor; no points lost):\n";
+      for (auto& note : lab.integrity) out += "        " + note + "\n";
+    }
+  }
+  out += fmt::format("{:<5} {:<44} {:>9} {:>13} {:>11} {:>13}\n", "", "total", "", "", "",
+                     fmt::format("{:.1f}/{:g}", got, max));
+  out += isolation + "\n";
+  const auto untouched =
+      std::count_if(labs.begin(), labs.end(), [](const LabResult& l) { return l.not_started; });
+  if (untouched > 0)
+    out += fmt::format(
+        "not started: {} lab(s) whose files are the untouched skeleton (nothing was built "
+        "or run). Start with a lab's handout, labs/NN_slug/README.md; `./lab test NN` "
+        "runs its public tests; `./lab grade --all` grades untouched labs too.\n",
+        untouched);
+  for (auto& lab : labs)
+    if (lab.rubric->autograder_only_points > 0)
+      out += fmt::format(
+          "lab {}: these are the public tests only; the hidden tests and performance "
+          "checks ({:.0f} of 100 points) are graded by the course's autograder\n",
+          lab.rubric->lab, lab.rubric->autograder_only_points);
+  for (auto& n : opt.notes) out += n + "\n";
+  return out;
+}
+
+json to_gradescope(const std::vector<LabResult>& labs, double seconds, const std::string& output) {
+  json tests = json::array();
+  json leaderboard = json::array();
+  double total = 0;
+  for (auto& lab : labs) {
+    const Rubric& r = *lab.rubric;
+    int k = 0;
+    for (auto& run : lab.runs) {
+      json t = {{"name", fmt::format("lab {} | {} (n={})", r.lab, run.group->name, run.world)},
+                {"number", fmt::format("{}.{}", r.lab, ++k)},
+                // Unrounded, like max_score: a group's points split over world sizes are not
+                // round (10 / 3), and full marks must add up to exactly the maximum.
+                {"score", run.score},
+                {"max_score", run.max_score},
+                {"status", status_of(run.score, run.max_score)},
+                {"visibility", run.group->visibility},
+                {"output",
+                 plain(run.reason.empty() ? fmt::format("{}/{} tests pass", run.passed, run.total)
+                                          : run.reason + "\n\n" + run.output)}};
+      tests.push_back(t);
+    }
+    int q = 0;
+    for (auto& p : lab.perf) {
+      tests.push_back(
+          {{"name", fmt::format("lab {} | performance: {}", r.lab, p.check->name)},
+           {"number", fmt::format("{}.p{}", r.lab, ++q)},
+           {"score", p.score},
+           {"max_score", p.check->points},
+           {"status", status_of(p.score, p.check->points)},
+           {"visibility", "visible"},
+           {"output", plain((p.reason.empty() ? std::string("meets the target") : p.reason) + "\n" +
+                            p.output)}});
+      if (!std::isnan(p.ratio))
+        leaderboard.push_back(
+            {{"name", fmt::format("lab {} {} (x reference)", r.lab, p.check->name)},
+             {"value", std::round(p.ratio * 100) / 100},
+             {"order", "desc"}});
+    }
+    if (!lab.integrity.empty()) {
+      std::string text =
+          "What the code audit noticed but the sandbox or the driver made harmless "
+          "(no points were taken; for the instructor to judge):\n";
+      for (auto& note : lab.integrity) text += "  " + note + "\n";
+      tests.push_back({{"name", fmt::format("lab {} | integrity report (instructors only)", r.lab)},
+                       {"number", fmt::format("{}.i", r.lab)},
+                       {"score", 0},
+                       {"max_score", 0},
+                       {"visibility", "hidden"},
+                       {"output", text}});
+    }
+    total += lab.correctness + lab.performance;
+  }
+  return {{"score", std::round(total * 100) / 100},
+          {"execution_time", static_cast<int>(seconds)},
+          {"output", plain(output)},
+          {"visibility", "visible"},
+          {"stdout_visibility", "hidden"},
+          {"tests", tests},
+          {"leaderboard", leaderboard}};
+}
+
+// The grader's self-test reads back a results.json: totals by kind, and text searches.
+int check_results(const std::string& file, const std::vector<std::string>& conditions) {
+  std::ifstream in(file);
+  json doc = json::parse(in, nullptr, false);
+  if (doc.is_discarded()) {
+    std::cerr << file << ": missing or not JSON\n";
+    return 1;
+  }
+  std::map<std::string, double> v = {{"score", doc.value("score", 0.0)}};
+  for (auto& t : doc["tests"]) {
+    const bool perf = t.value("number", "").find(".p") != std::string::npos;
+    v[perf ? "performance" : "correctness"] += t.value("score", 0.0);
+    v[perf ? "performance_max" : "correctness_max"] += t.value("max_score", 0.0);
+    v["max"] += t.value("max_score", 0.0);
+  }
+  const std::string output = doc.value("output", ""), all = doc.dump();
+  int bad = 0;
+  for (auto& c : conditions) {
+    bool ok = false;
+    auto q = c.find(" contains '"), l = c.find(" lacks '");
+    if (q != std::string::npos) {
+      std::string what = c.substr(0, q), text = c.substr(q + 11, c.size() - q - 12);
+      ok = (what == "reason" ? output : all).find(text) != std::string::npos;
+    } else if (l != std::string::npos) {
+      // JSON escapes control characters: "\u001b[" finds a raw escape code too.
+      std::string what = c.substr(0, l), text = c.substr(l + 8, c.size() - l - 9);
+      ok = (what == "reason" ? output : all).find(text) == std::string::npos;
+    } else {
+      std::istringstream ss(c);
+      std::string lhs, op, rhs;
+      ss >> lhs >> op >> rhs;
+      double a = v[lhs], b = v.count(rhs) ? v[rhs] : std::atof(rhs.c_str());
+      ok = op == "=="   ? std::fabs(a - b) < 1e-6
+           : op == ">"  ? a > b
+           : op == "<"  ? a < b
+           : op == ">=" ? a >= b - 1e-6
+                        : false;
+      if (!ok) std::cerr << fmt::format("{} = {:g}, {} = {:g}\n", lhs, a, rhs, b);
+    }
+    std::cerr << (ok ? "ok: " : "FAILED: ") << c << "\n";
+    bad += !ok;
+  }
+  if (bad) std::cerr << output;
+  return bad ? 1 : 0;
+}
+
+// ./lab test NN ends with this: one row per test, one column per world size, so a student sees
+// at a glance which tasks pass, which are not implemented yet, and the first failure of each.
+// `names` are ctest entries "labNN.side.nK"; their gtest reports are DIR/<name>.json.
+int summarize(const std::string& dir, const std::vector<std::string>& names) {
+  std::map<std::string, std::map<int, std::string>> cells;  // test -> world size -> verdict
+  std::map<std::string, std::string> first_failure;
+  std::set<std::string> todo;  // "lab 03: ring_all_reduce (Task 4)", once each
+  std::vector<std::string> missing;
+  std::set<int> worlds;
+  for (const auto& name : names) {
+    const auto dot = name.rfind(".n");
+    const int n = dot == std::string::npos ? 0 : std::atoi(name.c_str() + dot + 2);
+    worlds.insert(n);
+    std::ifstream in(dir + "/" + name + ".json");
+    json j = json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.contains("testsuites")) {
+      missing.push_back(name);
+      continue;
+    }
+    for (auto& suite : j["testsuites"])
+      for (auto& t : suite.value("testsuite", json::array())) {
+        const std::string test = suite.value("name", "") + "." + t.value("name", "");
+        std::string verdict = "ok";
+        if (t.value("result", "") == "SKIPPED") verdict = "skip";
+        if (t.contains("failures") && !t["failures"].empty()) {
+          const std::string msg = t["failures"][0].value("failure", "failed");
+          const std::string ni = not_implemented_reason(msg);
+          verdict = ni.empty() ? "FAIL" : "n.i.";
+          if (!ni.empty())
+            todo.insert(ni.substr(std::string("not implemented: ").size()));
+          else if (!first_failure.count(test))
+            first_failure[test] = fmt::format("n={}: {}", n, first_line(msg, 200));
+        }
+        cells[test][n] = verdict;
+      }
+  }
+  size_t width = 10;
+  for (auto& [test, row] : cells) width = std::max(width, test.size());
+  std::string out = fmt::format("\n{:<{}}", "test", width);
+  for (int n : worlds) out += fmt::format(" {:>5}", fmt::format("n={}", n));
+  out += "\n";
+  int ok = 0, total = 0;
+  for (auto& [test, row] : cells) {
+    out += fmt::format("{:<{}}", test, width);
+    bool all_ok = true;
+    for (int n : worlds) {
+      auto it = row.find(n);
+      const std::string v = it == row.end() ? "-" : it->second;
+      all_ok = all_ok && (v == "ok" || v == "skip" || v == "-");
+      out += fmt::format(" {:>5}", v);
+    }
+    out += "\n";
+    ++total;
+    ok += all_ok;
+  }
+  out += fmt::format("{} of {} tests pass at every world size", ok, total);
+  out += missing.empty() ? "\n"
+                         : fmt::format(
+                               "; no report from {} (crashed, hung or not built: "
+                               "see the output above)\n",
+                               fmt::join(missing, ", "));
+  if (!todo.empty()) {
+    out += "n.i. = not implemented yet:\n";
+    for (auto& t : todo) out += "  " + t + "\n";
+  }
+  if (!first_failure.empty()) {
+    out += "first failure of each failing test:\n";
+    for (auto& [test, msg] : first_failure) out += fmt::format("  {}  {}\n", test, msg);
+  }
+  std::cout << out << std::flush;
+  return ok == total && missing.empty() ? 0 : 1;
+}
+
+// A student release's rubric: the public groups (binary "test") only; the points of the rest
+// are recorded so `./lab grade` can say what the course's autograder adds.
+int print_public_rubric(const std::string& file) {
+  std::ifstream in(file);
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) {
+    std::cerr << file << ": not valid JSON\n";
+    return 2;
+  }
+  double hidden = 0;
+  json tests = json::array();
+  for (auto& t : j.value("tests", json::array())) {
+    if (t.value("binary", "") == "test")
+      tests.push_back(t);
+    else
+      hidden += t.value("points", 0.0);
+  }
+  for (auto& p : j.value("performance", json::array())) hidden += p.value("points", 0.0);
+  j["tests"] = tests;
+  j.erase("performance");
+  j["autograder_only_points"] = hidden;
+  std::cout << j.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace dtl::grade

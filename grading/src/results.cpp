@@ -1,0 +1,36 @@
+// Text helpers shared by the grading stages (results.hpp).
+#include "results.hpp"
+
+namespace dtl::grade {
+
+std::string first_line(const std::string& s, size_t max) {
+  std::string line = s.substr(0, s.find('\n'));
+  if (line.size() > max) line = line.substr(0, max) + "...";
+  return line;
+}
+
+std::string not_implemented_reason(const std::string& msg) {
+  auto pos = msg.find("not implemented: ");
+  if (pos == std::string::npos) return "";
+  std::string r = first_line(msg.substr(pos));
+  auto paren = r.rfind(" (");
+  return paren == std::string::npos ? r : r.substr(0, paren);
+}
+
+std::string plain(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    // ESC [ ... final byte (0x40-0x7e): a colour or cursor code.
+    if (text[i] == '\033' && i + 1 < text.size() && text[i + 1] == '[') {
+      size_t j = i + 2;
+      while (j < text.size() && !(text[j] >= 0x40 && text[j] <= 0x7e)) ++j;
+      i = j;
+      continue;
+    }
+    out += text[i];
+  }
+  return out;
+}
+
+}  // namespace dtl::grade

@@ -1,0 +1,125 @@
+// dtl-grade --validate: what every rubric promises must exist (validate.hpp).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "audit.hpp"
+#include "grader.hpp"
+#include "options.hpp"
+#include "rubric.hpp"
+#include "run.hpp"
+
+namespace fs = std::filesystem;
+
+namespace dtl::grade {
+
+// --validate: what a rubric promises must exist. Needs the reference build (./lab build).
+int validate_rubrics(const Options& opt) {
+  int bad = 0;
+  auto problem = [&](const Rubric& r, const std::string& what) {
+    std::cerr << fmt::format("lab {}: {}\n", r.lab, what);
+    ++bad;
+  };
+  std::vector<Rubric> rubrics;
+  try {
+    rubrics = load_rubrics(opt.source, opt.labs);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  const fs::path bindir = fs::path(opt.build) / "bin";
+  std::map<std::string, std::vector<std::string>> listings;  // binary -> "Suite.Test" names
+  for (auto& r : rubrics) {
+    const fs::path lab_dir = fs::path(opt.source) / "labs" / r.slug;
+    const double total = r.max_points() + r.autograder_only_points;
+    if (std::fabs(total - 100) > 1e-6) problem(r, fmt::format("points total {:g}, not 100", total));
+    for (auto& f : r.student_files)
+      if (!fs::exists(lab_dir / f)) problem(r, fmt::format("student file {} does not exist", f));
+    const bool has_reference = fs::exists(fs::path(opt.source) / "solutions" / r.slug);
+    const std::string side = has_reference ? "reference" : "student";
+    for (auto& g : r.tests) {
+      const fs::path exe = bindir / fmt::format("lab{}_{}_{}", r.lab, g.binary, side);
+      if (!fs::exists(exe)) {
+        problem(r, fmt::format("group '{}': {} is not built", g.name, exe.filename().string()));
+        continue;
+      }
+      // One listing per binary (each start costs a second or two), filters matched here.
+      auto& names = listings[exe.string()];
+      if (names.empty()) {
+        auto res = run_command({exe.string(), "--gtest_list_tests"}, 120);
+        std::istringstream lines(res.output);
+        std::string suite;
+        for (std::string line; std::getline(lines, line);) {
+          if (line.empty()) continue;
+          if (line[0] != ' ')
+            suite = line;
+          else
+            names.push_back(suite + line.substr(2, line.find(' ', 2) - 2));
+        }
+      }
+      int tests = 0;
+      for (auto& name : names) tests += filter_matches(g.filter, name);
+      if (tests == 0)
+        problem(r, fmt::format("group '{}': filter '{}' matches no test of {}", g.name, g.filter,
+                               exe.filename().string()));
+      if (g.world_sizes.empty()) problem(r, fmt::format("group '{}': no world sizes", g.name));
+    }
+    for (auto& c : r.performance) {
+      const fs::path exe = bindir / fmt::format("lab{}_bench_reference", r.lab);
+      if (!fs::exists(exe)) {
+        problem(r,
+                fmt::format("performance '{}': {} is not built (cmake --build build --target {})",
+                            c.name, exe.filename().string(), exe.filename().string()));
+        continue;
+      }
+      auto res = run_command(
+          {exe.string(), "--benchmark_list_tests", "--benchmark_filter=^" + c.benchmark}, 120);
+      if (res.output.find(c.benchmark) == std::string::npos)
+        problem(r, fmt::format("performance '{}': no benchmark '{}' in {}", c.name, c.benchmark,
+                               exe.filename().string()));
+    }
+    // Hidden tests may check only what the header promises: they include the lab's headers,
+    // the runtime and the harness, nothing of the solution.
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(fs::path(opt.source) / "grading" / r.slug, ec)) {
+      if (e.path().extension() != ".cpp" && e.path().extension() != ".hpp") continue;
+      std::ifstream in(e.path());
+      int n = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++n;
+        auto pos = line.find("#include \"");
+        if (pos == std::string::npos) continue;
+        std::string inc = line.substr(pos + 10);
+        inc = inc.substr(0, inc.find('"'));
+        const bool ok = inc.rfind("dtl/", 0) == 0 || fs::exists(lab_dir / inc) ||
+                        fs::exists(e.path().parent_path() / inc);
+        if (!ok || inc.find("solutions") != std::string::npos)
+          problem(r,
+                  fmt::format("{}:{}: includes \"{}\" (grading tests see only the lab's headers, "
+                              "dtl/ and their own directory)",
+                              e.path().filename().string(), n, inc));
+      }
+    }
+    // The reference passes its own lab's audit: the policy rejects no honest code that the
+    // course itself writes (a new deny pattern that catches a reference fails here, in CI).
+    if (has_reference) {
+      std::vector<std::string> sources;
+      AuditPolicy policy = policy_for(r, opt.source, sources);
+      const auto objects = lab_objects(opt.build, r, "reference");
+      if (objects.empty()) problem(r, "the reference's objects were not found in the build");
+      // Judged as if no sandbox contained it: a reference must not even need one.
+      for (auto& finding : audit_objects(objects, policy).rejections(false, false, false))
+        problem(r, "the reference fails the code audit: " + finding);
+    }
+    std::cerr << fmt::format("lab {}: rubric checked ({} groups, {} performance checks)\n", r.lab,
+                             r.tests.size(), r.performance.size());
+  }
+  return bad ? 1 : 0;
+}
+
+}  // namespace dtl::grade

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Build the course website from the repository's own Markdown (./lab site).
+
+The site is the handouts (labs/NN_slug/README.md), the lecture notes (notes/*.md) with their
+figures (notes/figures/*.svg), the syllabus, the README and the instructors' pages, each at the
+same relative path as in the repository, so every relative link that works on a Git host works
+in the site too. What this script adds:
+
+  - a staging tree (docs/ + mkdocs.yml) with navigation by lab: one section per lab holding its
+    handout and its note, then the tools and the instructors' pages;
+  - a generated "Figures" page: every committed figure with its alt text and the pages that
+    show it;
+  - a link check before mkdocs runs: a relative link or image in any page that does not name a
+    file of the site fails the build, naming the page and the link (mkdocs itself only warns
+    about Markdown pages, and not at all about images);
+  - mkdocs build --strict with the Material theme (Debian's mkdocs and mkdocs-material), no web
+    fonts (the site works offline and on any static host).
+
+Usage: build_site.py --root REPO --stage DIR --out DIR
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# ---------------------------------------------------------------- what the site holds
+
+
+def lab_dirs(root):
+    return sorted(p for p in (root / "labs").iterdir() if p.is_dir() and re.match(r"\d\d_", p.name))
+
+
+def syllabus_titles(root):
+    """{"01": "Why LLM training becomes ..."} from labs/SYLLABUS.md's table."""
+    titles = {}
+    for line in (root / "labs" / "SYLLABUS.md").read_text().splitlines():
+        m = re.match(r"\|\s*(\d\d)\s*\|\s*`[^`]+`\s*\|\s*([^|]+?)\s*\|", line)
+        if m:
+            titles[m.group(1)] = m.group(2)
+    return titles
+
+
+def first_heading(path):
+    for line in path.read_text().splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return path.stem
+
+
+def pages(root):
+    """Repository-relative paths of every Markdown page of the site, in no particular order."""
+    out = ["README.md", "labs/SYLLABUS.md", "labs/README.md", "grading/README.md"]
+    out += [f"labs/{d.name}/README.md" for d in lab_dirs(root)]
+    out += [f"notes/{p.name}" for p in sorted((root / "notes").glob("*.md"))]
+    return [p for p in out if (root / p).is_file()]
+
+
+def assets(root):
+    return [f"notes/figures/{p.name}" for p in sorted((root / "notes" / "figures").glob("*.svg"))]
+
+
+# ---------------------------------------------------------------- links
+
+LINK = re.compile(r"!?\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def links(text):
+    """(is_image, text, target) of every Markdown link outside fenced code blocks."""
+    out, in_code = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        line = re.sub(r"`[^`]*`", "", line)  # inline code is not a link
+        for m in LINK.finditer(line):
+            out.append((m.group(0).startswith("!"), m.group("text"), m.group("target")))
+    return out
+
+
+def is_relative(target):
+    return not re.match(r"^[a-z][a-z0-9+.-]*:", target) and not target.startswith(("#", "/"))
+
+
+def check_links(root, site_files):
+    """Every relative link of every page names a file of the site. Returns the problems."""
+    problems = []
+    for page in site_files:
+        if not page.endswith(".md"):
+            continue
+        for is_image, _, target in links((root / page).read_text()):
+            if not is_relative(target):
+                continue
+            path = os.path.normpath(os.path.join(os.path.dirname(page), target.split("#")[0]))
+            if path in site_files:
+                continue
+            where = "an image that is not" if is_image else "a link to a file that is not"
+            hint = ("it exists in the repository: link a handout or note, or an absolute URL"
+                    if (root / path).exists() else "no such file")
+            problems.append(f"{page}: {where} in the site: {target} ({hint})")
+    return problems
+
+
+# ---------------------------------------------------------------- the figures page
+
+
+def figures_page(root, site_files):
+    """Markdown of the gallery: each figure, its alt text and the pages that show it."""
+    shown = {}  # figure path -> [(page, alt)]
+    for page in sorted(site_files):
+        if not page.endswith(".md"):
+            continue
+        for is_image, alt, target in links((root / page).read_text()):
+            if is_image and is_relative(target):
+                path = os.path.normpath(os.path.join(os.path.dirname(page), target))
+                shown.setdefault(path, []).append((page, alt))
+    lines = [
+        "# Figures",
+        "",
+        "Every figure of the notes and handouts, generated from the labs' own runs by "
+        "`./lab figures` (reference solutions; `./lab figures NN --student` draws the same from "
+        "your code). Figures of a model (schedules, layouts, formulas) come out the same on every "
+        "machine; measured ones name the machine they were measured on.",
+        "",
+    ]
+    for fig in assets(root):
+        uses = shown.get(fig, [])
+        alt = uses[0][1] if uses else Path(fig).stem
+        lines += [f"## {Path(fig).stem}", "", f"![{alt}]({fig})", ""]
+        if uses:
+            refs = ", ".join(f"[{first_heading(root / p)}]({p})" for p, _ in dict.fromkeys(uses))
+            lines += [f"Shown in: {refs}.", ""]
+        else:
+            lines += ["Not shown by any page yet.", ""]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- mkdocs.yml
+
+
+def navigation(root):
+    titles = syllabus_titles(root)
+    labs = []
+    for d in lab_dirs(root):
+        n = d.name[:2]
+        entries = [{"Handout": f"labs/{d.name}/README.md"}]
+        note = next((root / "notes").glob(f"{n}-*.md"), None)
+        if note:
+            entries.append({"Lecture note": f"notes/{note.name}"})
+        labs.append({f"{n} {titles.get(n, d.name[3:])}": entries})
+    tools = [{first_heading(root / p): p} for p in
+             ("notes/tools-network-and-traces.md", "notes/gpu.md") if (root / p).is_file()]
+    return [
+        {"Home": "README.md"},
+        {"Syllabus": "labs/SYLLABUS.md"},
+        {"Labs": labs},
+        {"Tools": tools + [{"Figures": "figures.md"}]},
+        {"Instructors": [{"Anatomy of a lab": "labs/README.md"},
+                         {"The autograder": "grading/README.md"}]},
+    ]
+
+
+def config(root, out):
+    return {
+        "site_name": "dtl: distributed LLM training, by doing",
+        "site_description": "Twenty labs in C++ on distributed LLM training: handouts, lecture "
+                            "notes and figures.",
+        "docs_dir": "docs",
+        "site_dir": str(out),
+        # Plain file URLs (labs/04_ddp/index.html, not labs/04_ddp/): the site then works from
+        # any static host without rewrite rules, and opened straight from the disk.
+        "use_directory_urls": False,
+        "strict": True,
+        "theme": {
+            "name": "material",
+            "font": False,  # no Google Fonts: the site must work offline
+            "features": ["navigation.sections", "navigation.top", "search.highlight",
+                         "content.code.annotate"],
+            "palette": {"primary": "indigo", "accent": "indigo"},
+        },
+        "plugins": ["search"],
+        "markdown_extensions": [
+            "tables", "attr_list", "admonition", "md_in_html", "footnotes",
+            {"toc": {"permalink": True}},
+            {"pymdownx.highlight": {"use_pygments": True}},
+            "pymdownx.superfences",
+        ],
+        "nav": navigation(root),
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", required=True, type=Path)
+    ap.add_argument("--stage", required=True, type=Path, help="staging directory (replaced)")
+    ap.add_argument("--out", required=True, type=Path, help="the built site (replaced)")
+    args = ap.parse_args()
+    root, stage, out = args.root.resolve(), args.stage.resolve(), args.out.resolve()
+
+    site_files = set(pages(root)) | set(assets(root))
+    problems = check_links(root, site_files)
+    if problems:
+        print("site: broken links:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+
+    shutil.rmtree(stage, ignore_errors=True)
+    docs = stage / "docs"
+    for rel in sorted(site_files):
+        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, docs / rel)
+    (docs / "figures.md").write_text(figures_page(root, site_files))
+    # JSON is YAML: no YAML writer needed.
+    (stage / "mkdocs.yml").write_text(json.dumps(config(root, out), indent=1) + "\n")
+
+    shutil.rmtree(out, ignore_errors=True)
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+             "--config-file", str(stage / "mkdocs.yml")]
+    res = subprocess.run(build, cwd=stage)
+    if res.returncode != 0:
+        print(f"site: mkdocs failed ({res.returncode})", file=sys.stderr)
+        return res.returncode
+    # Debian's packages link some theme files into /usr/share/javascript: a site for any host
+    # must hold real files.
+    for p in out.rglob("*"):
+        if p.is_symlink():
+            target = p.resolve()
+            p.unlink()
+            shutil.copyfile(target, p)
+    n_pages = sum(1 for _ in out.rglob("*.html"))
+    print(f"site: {len(site_files) + 1} sources -> {n_pages} HTML pages in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
