@@ -105,8 +105,11 @@ function(_dtl_gpu_finish)
     set_property(SOURCE ${PROJECT_SOURCE_DIR}/common/src/comm_nccl.cpp TARGET_DIRECTORY dtl_common
                  APPEND PROPERTY COMPILE_DEFINITIONS DTL_TORCH_HAS_CUDA=1)
   endif()
-  if(DTL_TORCH_HAS_CUDA)  # the memory tracker reads the CUDA caching allocator's statistics
-    set_property(SOURCE ${PROJECT_SOURCE_DIR}/common/src/memory.cpp TARGET_DIRECTORY dtl_common
+  if(DTL_TORCH_HAS_CUDA)
+    # The memory tracker reads the CUDA caching allocator's statistics; the Runtime accepts
+    # --device cuda (with a CPU LibTorch it names the problem at start-up).
+    set_property(SOURCE ${PROJECT_SOURCE_DIR}/common/src/memory.cpp
+                        ${PROJECT_SOURCE_DIR}/common/src/runtime.cpp TARGET_DIRECTORY dtl_common
                  APPEND PROPERTY COMPILE_DEFINITIONS DTL_TORCH_HAS_CUDA=1)
   endif()
   include(${PROJECT_SOURCE_DIR}/common/tests_gpu/gpu_targets.cmake)

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -311,6 +313,8 @@ class EngineComm : public Comm {
       throw;
     }
     mark_started(rec);
+    // The child's options: read now, when it is created, as the world's were (notes/gpu.md).
+    const Options child_options = options_.read_env ? options_from_env(options_) : options_;
     std::unique_ptr<DeviceLayer> child;
     std::shared_ptr<Comm> sub;
     std::exception_ptr failed;
@@ -331,7 +335,7 @@ class EngineComm : public Comm {
     if (sub) {
       DTL_CHECK(child != nullptr, at + "the device layer made no communicator for this member");
       *op.split_result = std::make_shared<EngineComm>(sub, std::move(child), op.split_name,
-                                                      options_);
+                                                      child_options);
     }
     return Work();
   }
@@ -541,6 +545,21 @@ class EngineComm : public Comm {
 };
 
 }  // namespace
+
+Options options_from_env(Options inherited) {
+  if (const char* v = std::getenv("DTL_NCCL_TIMEOUT"); v && *v) {
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (end != v && *end == '\0' && s > 0 && std::isfinite(s))
+      inherited.timeout_s = s;
+    else
+      warn_str(fmt::format("DTL_NCCL_TIMEOUT='{}' is not a positive number of seconds; keeping "
+                           "{:.3g} s", v, inherited.timeout_s));
+  }
+  if (const char* v = std::getenv("DTL_NCCL_BLOCKING_WAIT"))
+    inherited.blocking_wait = *v && std::string(v) != "0";
+  return inherited;
+}
 
 std::shared_ptr<Comm> make_comm(std::shared_ptr<Comm> bootstrap,
                                 std::unique_ptr<DeviceLayer> device, const std::string& name,

@@ -115,37 +115,22 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-double env_seconds(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  double s = std::atof(v);
-  return s > 0 ? s : fallback;
-}
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
-
-// Sets the current CUDA device for a scope and restores the previous one. Cleanup paths
+// Makes `device` the calling thread's current CUDA device if it is not already, and leaves it
+// so. It never switches back: a thread that never chose a device reports device 0, and making
+// device 0 current again would create a CUDA context on GPU 0 (CUDA >= 12 creates it in
+// cudaSetDevice), in every rank. With one GPU per rank, every comm of a rank is on the rank's
+// GPU, so a thread that issues ops is left on the GPU it uses anyway. Cleanup paths
 // (destructors, the poller) pass check = false: they must not throw.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device, bool check = true) : device_(device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ == device_) return;
-    cudaError_t rc = cudaSetDevice(device_);
+  explicit DeviceGuard(int device, bool check = true) {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
+    cudaError_t rc = cudaSetDevice(device);
     if (check) cuda_check(rc, "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int device_;
-  int previous_ = -1;
 };
 
 // ncclGroupStart/End as a scope: an exception between them still closes the group.
@@ -188,6 +173,18 @@ int nccl_runtime_version() {
   return ncclGetVersion(&v) == ncclSuccess ? v : 0;
 }
 
+#define DTL_NCCL_HAS_CONFIG (NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0))
+#if DTL_NCCL_HAS_CONFIG
+// Every communicator is blocking, whatever NCCL_COMM_BLOCKING says: this layer relies on NCCL
+// calls having finished (or failed) when they return; a non-blocking communicator (NCCL >= 2.14,
+// NCCL_COMM_BLOCKING=0) returns ncclInProgress instead.
+ncclConfig_t blocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  return config;
+}
+#endif
+
 // A new NCCL communicator over the members of `bootstrap` (MPI), on the current device. Rank 0
 // makes the unique id and the bootstrap carries it to everyone, with one byte more saying
 // whether rank 0 has one: if ncclGetUniqueId fails there, the others fail too instead of
@@ -213,6 +210,14 @@ ncclComm_t init_comm(Comm& bootstrap, const std::string& name) {
                             rank_prefix(), name));
   std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
   ncclComm_t comm = nullptr;
+#if DTL_NCCL_HAS_CONFIG
+  if (nccl_runtime_version() >= NCCL_VERSION(2, 14, 0)) {
+    ncclConfig_t config = blocking_config();
+    nccl_check(ncclCommInitRankConfig(&comm, bootstrap.size(), id, bootstrap.rank(), &config),
+               rank_prefix(), "ncclCommInitRankConfig");
+    return comm;
+  }
+#endif
   nccl_check(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()), rank_prefix(),
              "ncclCommInitRank");
   return comm;
@@ -262,8 +267,10 @@ class NcclDevice : public engine::DeviceLayer {
                                                nccl_rank, rank));
       cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
       cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-      cuda_check(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc");
-      cuda_check(cudaMemset(barrier_buf_, 0, sizeof(int32_t)), "cudaMemset");
+      // Stream-ordered (de)allocation: cudaFree would wait for every stream of the device, so
+      // destroying a comm would wait for the kernels of every other comm and of the caller.
+      cuda_check(cudaMallocAsync(&barrier_buf_, sizeof(int32_t), stream_), "cudaMallocAsync");
+      cuda_check(cudaMemsetAsync(barrier_buf_, 0, sizeof(int32_t), stream_), "cudaMemsetAsync");
     } catch (...) {
       abort();
       release_cuda();
@@ -276,7 +283,11 @@ class NcclDevice : public engine::DeviceLayer {
   }
 
   torch::Device device() const override {
+#if DTL_FAKE_CUDA  // the CPU test build (common/tests/fake_cuda): "device memory" is host memory
+    return torch::kCPU;
+#else
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_));
+#endif
   }
 
   std::unique_ptr<engine::DeviceOp> enqueue(const engine::DeviceCall& call,
@@ -365,13 +376,12 @@ class NcclDevice : public engine::DeviceLayer {
       c10::cuda::CUDAStreamGuard on_nccl_stream(nccl_stream);
       finish();
 #else
-      // No stream API: run the copy on LibTorch's (legacy default) stream after the op, and
-      // end the op after the copy.
-      cuda_check(cudaEventRecord(ready_, stream_), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(cudaStreamLegacy, ready_, 0), "cudaStreamWaitEvent");
-      finish();
-      cuda_check(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+      // A CPU LibTorch has no CUDA tensors: only the CPU test build (fake CUDA, host memory)
+      // gets here. Its tensor ops run on the host at once, so the copy runs as a host function
+      // on this stream, after the op (the engine keeps `finish` alive until the op is over).
+      cuda_check(cudaLaunchHostFunc(stream_, [](void* f) { (*static_cast<const std::function<void()>*>(f))(); },
+                                    const_cast<std::function<void()>*>(&finish)),
+                 "cudaLaunchHostFunc");
 #endif
     }
     cuda_check(cudaEventRecord(op->end, stream_), "cudaEventRecord");
@@ -421,7 +431,7 @@ class NcclDevice : public engine::DeviceLayer {
 #if DTL_NCCL_HAS_SPLIT
     if (nccl_runtime_version() >= NCCL_VERSION(2, 18, 0)) {
       ncclComm_t child = nullptr;
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      ncclConfig_t config = blocking_config();
       nccl_check(ncclCommSplit(comm_, sub ? color : NCCL_SPLIT_NOCOLOR, key, &child, &config),
                  rank_prefix(), "ncclCommSplit");
       if (!sub) return nullptr;
@@ -440,7 +450,7 @@ class NcclDevice : public engine::DeviceLayer {
  private:
   void release_cuda() noexcept {
     DeviceGuard guard(device_, false);
-    if (barrier_buf_) cudaFree(barrier_buf_);
+    if (barrier_buf_) cudaFreeAsync(barrier_buf_, stream_);  // after the stream's work
     if (ready_) cudaEventDestroy(ready_);
     if (stream_) cudaStreamDestroy(stream_);
     barrier_buf_ = nullptr;
@@ -473,10 +483,10 @@ std::shared_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device_index, const st
   int devices = cuda_device_count();
   DTL_CHECK(device_index >= 0 && device_index < devices,
             fmt::format("cuda:{} does not exist ({} CUDA devices)", device_index, devices));
-  engine::Options options;
-  options.timeout_s = env_seconds("DTL_NCCL_TIMEOUT", 600);
-  options.blocking_wait = env_flag("DTL_NCCL_BLOCKING_WAIT");
-  options.backend = "nccl";
+  engine::Options defaults;
+  defaults.backend = "nccl";
+  defaults.read_env = true;  // every Comm, split() and dup() included, reads them when made
+  const engine::Options options = engine::options_from_env(defaults);
   std::shared_ptr<Comm> boot = bootstrap.dup();  // the engine's for splits; ours for the id
   std::unique_ptr<engine::DeviceLayer> device;
   {

@@ -2,7 +2,6 @@
 #include "dtl/data.hpp"
 
 #include <fmt/format.h>
-#include <torch/linalg.h>
 
 #include <algorithm>
 #include <cmath>
@@ -144,7 +143,8 @@ SyntheticCorpus::SyntheticCorpus(int64_t vocab_size, uint64_t seed, int branchin
   A[V - 1].fill_(1.0);
   torch::Tensor rhs = torch::zeros({V, 1}, torch::kFloat64);
   rhs[V - 1][0] = 1.0;
-  impl->stationary = torch::linalg::solve(A, rhs, /*left=*/true).reshape({V}).contiguous();
+  impl->stationary = torch::linalg_solve(A, rhs)  // ATen's: torch/linalg.h is gone in 2.x
+                         .reshape({V}).contiguous();
 
   auto pi = impl->stationary.accessor<double, 1>();
   impl->cum_pi.resize(static_cast<size_t>(V));

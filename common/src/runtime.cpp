@@ -1,4 +1,6 @@
 // Runtime: MPI start-up, rank discovery, device and backend choice, seeding, threads, shutdown.
+#include <torch/version.h>
+
 #include "dtl/runtime.hpp"
 
 #include <fmt/format.h>
@@ -152,6 +154,15 @@ void Runtime::init(int argc, char** argv) {
             "--backend nccl moves CUDA tensors: use it with --device cuda");
   DTL_CHECK(!(backend_ == "mpi" && options_.device == "cuda"),
             "--backend mpi moves CPU tensors: use --device cpu, or --backend nccl for cuda");
+#if !DTL_TORCH_HAS_CUDA
+  // Said now, not as LibTorch's generic error at the first CUDA tensor (cmake/DtlGpu.cmake sets
+  // DTL_TORCH_HAS_CUDA for a CUDA LibTorch).
+  DTL_CHECK(options_.device != "cuda",
+            fmt::format("--device cuda: this build's LibTorch {} is CPU-only (it cannot make CUDA "
+                        "tensors); rebuild against a CUDA LibTorch (notes/gpu.md: ./lab kit, or "
+                        "DTL_CMAKE_ARGS=-DTorch_DIR=...) or run with --device cpu",
+                        TORCH_VERSION));
+#endif
 
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &control_), "MPI_Comm_dup");
 

@@ -119,7 +119,7 @@ class FakeOp : public DeviceOp {
 class FakeDevice : public DeviceLayer {
  public:
   FakeDevice(const std::shared_ptr<Comm>& bootstrap, std::shared_ptr<FakeLog> log)
-      : mpi_(bootstrap->dup()), log_(std::move(log)) {
+      : mpi_(bootstrap->dup()), control_(bootstrap->dup()), log_(std::move(log)) {
     stream_ = std::thread([this] { run(); });
   }
   ~FakeDevice() override {
@@ -195,13 +195,30 @@ class FakeDevice : public DeviceLayer {
   }
 
   void close() noexcept override {
-    if (!idle()) log_->violate("close() with ops still on the device");
+    // An op that reported Done leaves the queue a moment later: only one still running counts.
+    bool running = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& item : queue_) {
+        std::lock_guard<std::mutex> op_lock(item.state->mu);
+        running |= item.state->status != DeviceOp::Status::Done &&
+                   item.state->status != DeviceOp::Status::Failed;
+      }
+    }
+    if (running) log_->violate("close() with ops still on the device");
     std::lock_guard<std::mutex> lock(log_->mu);
     ++log_->closes;
   }
 
-  std::unique_ptr<DeviceLayer> split(const std::shared_ptr<Comm>& sub, int, int) override {
+  // Collective over every member of this device's communicator, as ncclCommSplit is: a member
+  // that opted out (sub null) still takes part. A member that does not call it leaves the others
+  // waiting here (the test's watchdog then fails the test).
+  std::unique_ptr<DeviceLayer> split(const std::shared_ptr<Comm>& sub, int color, int key) override {
+    auto joined = control_->split(sub ? color : -1, key);
     if (!sub) return nullptr;
+    if (!joined || joined->size() != sub->size())
+      log_->violate(fmt::format("split: the device's group has {} members, the bootstrap's {}",
+                                joined ? joined->size() : 0, sub->size()));
     return std::make_unique<FakeDevice>(sub, log_);
   }
 
@@ -306,6 +323,7 @@ class FakeDevice : public DeviceLayer {
   }
 
   std::shared_ptr<Comm> mpi_;  // the data path: a dup of the bootstrap, used by run() only
+  std::shared_ptr<Comm> control_;  // host-side collectives (split), never on the stream thread
   std::shared_ptr<FakeLog> log_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -320,11 +338,13 @@ class Engine : public ::testing::Test {
   std::shared_ptr<FakeLog> log = std::make_shared<FakeLog>();
   const int n = dtl::world().size(), r = dtl::world().rank();
 
-  std::shared_ptr<Comm> make(double timeout_s = 30, bool blocking_wait = true) {
+  std::shared_ptr<Comm> make(double timeout_s = 30, bool blocking_wait = true,
+                             bool read_env = false) {
     auto boot = dtl::world().dup();
     dtl::engine::Options options;
     options.timeout_s = timeout_s;
     options.blocking_wait = blocking_wait;
+    options.read_env = read_env;
     return dtl::engine::make_comm(boot, std::make_unique<FakeDevice>(boot, log), "eng", options);
   }
   void TearDown() override { EXPECT_THAT(log->seen(), ::testing::IsEmpty()); }
@@ -609,6 +629,101 @@ TEST_F(Engine, ErrorsBeforeTheDeviceLeaveNothingPending) {
                     HasSubstr("move the tensor with .to()")));
   EXPECT_THAT(c->pending_ops(), ::testing::IsEmpty());
   c->barrier();  // the comm still works
+}
+
+// A split's device layer is made by every member of the parent, those that opt out included
+// (ncclCommSplit is collective over the parent; the fake's split is too).
+TEST_F(Engine, EveryMemberOfTheParentTakesPartInASplit) {
+  auto c = make();
+  auto sub = c->split(r == 0 && n > 1 ? -1 : 1, r, "eng/rest");
+  EXPECT_EQ(sub == nullptr, r == 0 && n > 1);
+  if (sub) {
+    auto t = torch::ones({2});
+    sub->all_reduce(t);
+    DTL_EXPECT_EQUAL(t, torch::full({2}, n > 1 ? n - 1.0 : 1.0));
+  }
+  c->barrier();
+}
+
+// The nccl backend's comms read DTL_NCCL_TIMEOUT and DTL_NCCL_BLOCKING_WAIT when they are made,
+// dup() and split() included: the smoke test's mismatch case sets a short timeout for one dup.
+// Unset at a child's creation, a variable keeps the parent's value.
+TEST_F(Engine, EachCommReadsTheEnvironmentWhenItIsMade) {
+  log->plan = [](int) {
+    Fault f;
+    f.never = true;  // every op hangs: only the timeout ends it
+    return f;
+  };
+  auto c = make(60, true, /*read_env=*/true);
+  setenv("DTL_NCCL_TIMEOUT", "0.3", 1);
+  auto quick = c->dup();
+  unsetenv("DTL_NCCL_TIMEOUT");
+  auto inherits = quick->split(0, r, "eng/dup/again");
+  for (auto* comm : {quick.get(), inherits.get()}) {
+    dtl::Timer timer;
+    EXPECT_THAT(error_of([&] { comm->all_reduce(torch::ones({2})); }),
+                HasSubstr("did not complete within 0.3 s (DTL_NCCL_TIMEOUT)"))
+        << comm->name();
+    EXPECT_LT(timer.seconds(), 10) << comm->name() << " waited for its parent's 60 s";
+  }
+}
+
+TEST_F(Engine, DtlNcclBlockingWaitIsReadWhenACommIsMade) {
+  log->plan = [](int) {
+    Fault f;
+    f.delay_ms = 300;
+    return f;
+  };
+  auto c = make(30, /*blocking_wait=*/false, /*read_env=*/true);
+  setenv("DTL_NCCL_BLOCKING_WAIT", "1", 1);
+  auto blocking = c->dup();
+  unsetenv("DTL_NCCL_BLOCKING_WAIT");
+  Work w = blocking->all_reduce_async(torch::ones({2}));
+  w.wait();
+  EXPECT_TRUE(w.is_completed()) << "DTL_NCCL_BLOCKING_WAIT=1 at dup(): wait() blocks the host";
+  Work v = c->all_reduce_async(torch::ones({2}));
+  v.wait();
+  EXPECT_FALSE(v.is_completed()) << "the parent's wait() does not block the host";
+  c->barrier();
+}
+
+// Without read_env (a backend whose options come from elsewhere), children copy the parent's.
+TEST_F(Engine, ChildrenCopyTheirParentsOptionsUnlessTheyReadTheEnvironment) {
+  log->plan = [](int) {
+    Fault f;
+    f.never = true;
+    return f;
+  };
+  auto c = make(0.3, true, /*read_env=*/false);
+  setenv("DTL_NCCL_TIMEOUT", "60", 1);
+  auto d = c->dup();
+  unsetenv("DTL_NCCL_TIMEOUT");
+  dtl::Timer timer;
+  EXPECT_THAT(error_of([&] { d->all_reduce(torch::ones({2})); }),
+              HasSubstr("did not complete within 0.3 s"));
+  EXPECT_LT(timer.seconds(), 10);
+}
+
+TEST(EngineOptions, FromTheEnvironment) {
+  dtl::engine::Options base;
+  base.timeout_s = 7;
+  base.blocking_wait = true;
+  unsetenv("DTL_NCCL_TIMEOUT");
+  unsetenv("DTL_NCCL_BLOCKING_WAIT");
+  auto o = dtl::engine::options_from_env(base);
+  EXPECT_EQ(o.timeout_s, 7);
+  EXPECT_TRUE(o.blocking_wait);
+  setenv("DTL_NCCL_TIMEOUT", "2.5", 1);
+  setenv("DTL_NCCL_BLOCKING_WAIT", "0", 1);
+  o = dtl::engine::options_from_env(base);
+  EXPECT_EQ(o.timeout_s, 2.5);
+  EXPECT_FALSE(o.blocking_wait);
+  for (const char* bad : {"abc", "-1", "0", "5s"}) {
+    setenv("DTL_NCCL_TIMEOUT", bad, 1);
+    EXPECT_EQ(dtl::engine::options_from_env(base).timeout_s, 7) << bad;
+  }
+  unsetenv("DTL_NCCL_TIMEOUT");
+  unsetenv("DTL_NCCL_BLOCKING_WAIT");
 }
 
 }  // namespace

@@ -47,6 +47,14 @@ endforeach()
 dtl_add_mpi_test(NAME common.nccl_no_device TARGET nccl_tests RANKS 1 LABELS common TIMEOUT 120
                  ARGS --gtest_filter=NcclNoDevice.*)
 
+# --device cuda with a CPU-only LibTorch: the Runtime names the problem at start-up.
+if(NOT DTL_TORCH_HAS_CUDA)
+  dtl_add_mpi_test(NAME common.cuda_needs_a_cuda_libtorch TARGET nccl_tests RANKS 1 LABELS common
+                   TIMEOUT 120 ARGS --device cuda)
+  set_tests_properties(common.cuda_needs_a_cuda_libtorch.n1 PROPERTIES
+                       PASS_REGULAR_EXPRESSION "--device cuda: this build's LibTorch .* is CPU-only")
+endif()
+
 # comm_nccl.cpp with DTL_TORCH_HAS_CUDA=1 against the installed (CPU) LibTorch's c10/cuda
 # headers. A Debian LibTorch lacks the generated c10/cuda/impl/cuda_cmake_macros.h (it only
 # carries a Windows export switch); C10_CUDA_NO_CMAKE_CONFIGURE_FILE skips it.

@@ -24,6 +24,7 @@
 #include "dtl/harness/checks.hpp"
 #include "dtl/runtime.hpp"
 #include "dtl/timer.hpp"
+#include "scenarios.hpp"
 
 namespace {
 
@@ -205,43 +206,27 @@ TEST_F(Smoke, SendRecvSelfSendRecvAndTags) {
   EXPECT_TRUE(W().pending_ops().empty());
 }
 
-TEST_F(Smoke, ConcurrentSplitAndDup) {
-  const int n = W().size(), r = W().rank();
-  // Split while an op of the parent is still in flight.
-  auto x = long_matmul(1.0f, 8);
-  auto in_flight = W().all_reduce_async(x);
-  auto dup = W().dup();
-  auto half = W().split(r % 2, r);
-  in_flight.wait();
-  EXPECT_TRUE(all_equal(x, n));
-  ASSERT_TRUE(dup && half);
-  float half_sum = 0;
-  for (int p = r % 2; p < n; p += 2) half_sum += static_cast<float>(p);
-  // Two threads drive the two comms at once, each in its own order.
-  std::vector<torch::Tensor> a(20), b(20);
-  std::string errors;
-  std::mutex mu;
-  auto drive = [&](dtl::Comm& c, std::vector<torch::Tensor>& out) {
-    try {
-      std::vector<dtl::Work> works;
-      for (size_t i = 0; i < out.size(); ++i) {
-        out[i] = torch::full({1 << 16}, static_cast<float>(r), gpu());
-        works.push_back(c.all_reduce_async(out[i]));
-      }
-      for (auto& w : works) w.wait();
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      errors += e.what();
+// Shared with the CPU build of the device layer (scenarios.hpp, nccl_layer_tests).
+dtl_gpu_scenarios::Hooks gpu_hooks() {
+  dtl_gpu_scenarios::Hooks h;
+  h.on_own_stream = [](const std::function<void()>& fn) {
+#if DTL_TORCH_HAS_CUDA
+    auto stream = c10::cuda::getStreamFromPool(false, W().device().index());
+    {
+      c10::cuda::CUDAStreamGuard on_stream(stream);
+      fn();
     }
+    stream.synchronize();
+#else
+    fn();  // not reached: the suite skips without a CUDA LibTorch's NCCL world
+#endif
   };
-  std::thread t1(drive, std::ref(*dup), std::ref(a));
-  std::thread t2(drive, std::ref(*half), std::ref(b));
-  t1.join();
-  t2.join();
-  EXPECT_EQ(errors, "");
-  for (auto& t : a) EXPECT_TRUE(all_equal(t, n * (n - 1) / 2.0));
-  for (auto& t : b) EXPECT_TRUE(all_equal(t, half_sum));
+  h.sync_host = [] {};  // .item() waits for the current stream
+  h.busy_ones = [] { return long_matmul(1.0f, 8); };
+  return h;
 }
+
+TEST_F(Smoke, ConcurrentSplitAndDup) { dtl_gpu_scenarios::concurrent_split_and_dup(W(), gpu_hooks()); }
 
 TEST_F(Smoke, AWorkMayOutliveItsComm) {
   const int n = W().size(), r = W().rank();
@@ -272,45 +257,8 @@ TEST_F(Smoke, BarrierBlocksTheHostUntilEveryRankArrived) {
 }
 
 TEST_F(Smoke, AMismatchedCollectiveEndsInAnErrorNotAHang) {
-  const int n = W().size(), r = W().rank();
-  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
-  setenv("DTL_NCCL_TIMEOUT", "5", 1);
-  auto comm = W().dup();
-  unsetenv("DTL_NCCL_TIMEOUT");
-  // Warm up first: NCCL connects peers lazily, and the first point-to-point op between two ranks
-  // blocks the host in that handshake before the comm's timeout can start (notes/gpu.md).
-  {
-    auto a = torch::ones({8}, gpu()), b = torch::empty({8}, gpu());
-    comm->all_reduce(a);
-    comm->sendrecv(a, (r - 1 + n) % n, b, (r + 1) % n);  // rank 0 receives from rank 1
-  }
-  // Rank 0 skips the all_reduce everyone else issues and waits for a message nobody sends:
-  // every rank is stuck until its watchdog aborts the communicator.
-  auto t = torch::ones({1 << 16}, gpu());
-  dtl::Work work = r == 0 ? comm->recv_async(t, 1) : comm->all_reduce_async(t);
-  dtl::Timer timer;
-  std::string msg = "(no error after 60 s)";
-  try {
-    while (!work.is_completed() && timer.seconds() < 60)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  } catch (const dtl::Error& e) {
-    msg = e.what();
-  }
-  EXPECT_LT(timer.seconds(), 30) << msg;
-  // dup() names its comm "<name>/dup"; ops #1 and #2 were the warm-up.
-  EXPECT_THAT(msg, HasSubstr(fmt::format("{} #3 on comm 'world/dup'", r == 0 ? "recv" : "all_reduce")));
-  EXPECT_THAT(msg, AnyOf(HasSubstr("did not complete within 5 s"), HasSubstr("NCCL async error")));
-  EXPECT_THROW(work.wait(), dtl::Error);
-  EXPECT_TRUE(comm->pending_ops().empty());
-  EXPECT_EQ(comm->recent_ops().back().state, dtl::OpRecord::State::Failed);
-  EXPECT_THAT(error_of([&] { comm->all_reduce(t); }), HasSubstr("aborted"));
-  dtl::Timer free_timer;
-  comm.reset();
-  EXPECT_LT(free_timer.seconds(), 10) << "freeing an aborted comm hung";
-  // The world comm is unaffected.
-  auto ok = torch::ones({8}, gpu());
-  W().all_reduce(ok);
-  EXPECT_TRUE(all_equal(ok, n));
+  if (W().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  dtl_gpu_scenarios::mismatched_op_ends_in_an_error(W(), "5", gpu_hooks());
 }
 
 }  // namespace

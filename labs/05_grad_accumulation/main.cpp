@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
                   dtl::memory::format_bytes(static_cast<double>(a.bytes - b.bytes)),
                   dtl::memory::format_bytes(a.wire_bytes - b.wire_bytes), seconds * 1e3);
     }
-    const auto& ar = grad_comm->stats()[dtl::OpType::AllReduce];
+    const dtl::CommStats totals = grad_comm->stats();  // by value: a reference into it would dangle
+    const auto& ar = totals[dtl::OpType::AllReduce];
     dtl::print0("\ntotal: {} all-reduces ({} per step), {} all-reduced, {} on the wire per rank",
                 ar.count, ar.count / steps,
                 dtl::memory::format_bytes(static_cast<double>(ar.bytes)),

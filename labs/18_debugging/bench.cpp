@@ -25,6 +25,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include <unistd.h>  // getpid (LibTorch 1.13 brought it in, 2.x does not)
+
 #include "debug.hpp"
 #include "dtl/error.hpp"
 #include "dtl/runtime.hpp"

@@ -651,7 +651,9 @@ template <typename Map>
 auto state_key(const Map&, const torch::Tensor& p) {
   using Key = typename Map::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream address;  // what 1.13's c10::guts::to_string did (2.x has no guts::to_string)
+    address << p.unsafeGetTensorImpl();
+    return address.str();
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }

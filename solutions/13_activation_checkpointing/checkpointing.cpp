@@ -97,7 +97,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
     const CheckpointFn& fn = unwrap_fn(ctx->saved_data["fn"]);
     std::vector<torch::Tensor> states;
-    for (const torch::Tensor& s : ctx->saved_data["rng"].toTensorList()) states.push_back(s);
+    const c10::List<torch::Tensor> rng = ctx->saved_data["rng"].toTensorList();
+    for (size_t i = 0; i < rng.size(); ++i) states.push_back(rng.get(i));  // (g++ 14: no dangling ref)
 
     // Fresh leaves that share the inputs' storage: the recomputed graph ends at them, so the
     // inner backward stops there and leaves their gradients in .grad(), which we hand on to the

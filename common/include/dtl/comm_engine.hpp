@@ -90,10 +90,20 @@ struct Options {
   double timeout_s = 600;      // per op, from issue (launch included) to completion
   bool blocking_wait = false;  // every wait() blocks the host until the op completed or failed
   std::string backend = "nccl";
+  // Each Comm reads DTL_NCCL_TIMEOUT and DTL_NCCL_BLOCKING_WAIT when it is created, split()
+  // and dup() included (options_from_env over the parent's options): a test may set a short
+  // timeout for one dup(). Off: children copy their parent's options as they are.
+  bool read_env = false;
 };
 
+// `inherited` with what the environment sets: DTL_NCCL_TIMEOUT (seconds > 0; anything else
+// keeps the inherited value, with a warning) and DTL_NCCL_BLOCKING_WAIT (set and not "0": on;
+// "0": off; unset: inherited).
+Options options_from_env(Options inherited);
+
 // A Comm with the members and ranks of `bootstrap` (an MPI comm, used for splits) whose ops run
-// on `device`. Children made by split()/dup() inherit `options`.
+// on `device`. Children made by split()/dup() get `options`, read anew from the environment when
+// options.read_env.
 std::shared_ptr<Comm> make_comm(std::shared_ptr<Comm> bootstrap,
                                 std::unique_ptr<DeviceLayer> device, const std::string& name,
                                 const Options& options);
