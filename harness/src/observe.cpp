@@ -481,11 +481,22 @@ void test_end() {
   s.current = nullptr;
 }
 
-void write_summary(const std::string& path) {
-  Session& s = session();
+std::string counts_json() {
   nlohmann::json tests = nlohmann::json::object();
-  for (const auto& [name, c] : s.counts)
+  for (const auto& [name, c] : session().counts)
     tests[name] = {{"computed", c.computed}, {"measured", c.measured}, {"missing", c.missing}};
+  return tests.dump();
+}
+
+void write_summary(const std::string& path, const std::vector<std::string>& every_rank) {
+  nlohmann::json tests = nlohmann::json::object();
+  for (const auto& text : every_rank) {
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_object()) continue;
+    for (const auto& [name, c] : j.items())
+      for (const char* k : {"computed", "measured", "missing"})
+        tests[name][k] = tests[name].value(k, 0) + c.value(k, 0);
+  }
   std::ofstream out(path);
   out << nlohmann::json{{"tests", tests}}.dump(1) << "\n";
 }

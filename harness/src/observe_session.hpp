@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtl::testing::split {
 
@@ -23,8 +24,11 @@ void test_failed(const char* file, int line, const std::string& message);
 // those of a run that stopped early, diverged or is missing, as failures of this test.
 void test_end();
 
-// Check mode, rank 0: {"tests": {name: {"computed": n, "measured": n, "missing": n}}} for the
-// grader (which tests rest on in-process checks only).
-void write_summary(const std::string& path);
+// Check mode: this rank's observation counts as JSON, and (rank 0, given every rank's JSON)
+// {"tests": {name: {"computed": n, "measured": n, "missing": n}}} summed over the ranks for the
+// grader (which tests rest on in-process checks only; a rank that sits out of a sub-group still
+// counts through the others).
+std::string counts_json();
+void write_summary(const std::string& path, const std::vector<std::string>& every_rank);
 
 }  // namespace dtl::testing::split

@@ -432,8 +432,24 @@ int main(int argc, char** argv) {
       listener->expect_unimplemented = flags.expect_unimplemented;
       listeners.Append(listener);
       rc = RUN_ALL_TESTS();
-      if (!flags.check_summary.empty() && g_rank == 0)
-        dtl::testing::split::write_summary(flags.check_summary);
+      if (!flags.check_summary.empty()) {
+        // Every rank's observation counts, gathered on rank 0 for the summary.
+        const std::string mine = dtl::testing::split::counts_json();
+        int len = static_cast<int>(mine.size());
+        std::vector<int> lens(g_size);
+        MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, rt.control_comm());
+        std::vector<int> displs(g_size, 0);
+        int total = 0;
+        for (int r = 0; r < g_size; ++r) displs[r] = total, total += lens[r];
+        std::string all(static_cast<size_t>(g_rank == 0 ? total : 0), '\0');
+        MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0,
+                    rt.control_comm());
+        if (g_rank == 0) {
+          std::vector<std::string> every_rank;
+          for (int r = 0; r < g_size; ++r) every_rank.push_back(all.substr(displs[r], lens[r]));
+          dtl::testing::split::write_summary(flags.check_summary, every_rank);
+        }
+      }
       if (flags.expect_unimplemented && g_rank == 0) {
         auto& bad = listener->skeleton_offenders;
         rc = bad.empty() && listener->skeleton_tests > 0 ? 0 : 1;

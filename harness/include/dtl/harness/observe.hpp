@@ -208,6 +208,34 @@ struct Codec<dtl::CommStats> {
     return s;
   }
 };
+// One op as the Comm recorded it (MEASURED(comm->recent_ops())).
+template <>
+struct Codec<dtl::OpRecord> {
+  static void put(Writer& w, const dtl::OpRecord& r) {
+    w.u8('r'), w.u64(r.seq), w.u64(static_cast<uint64_t>(r.op)), w.str(r.dtype);
+    w.u64(r.shape.size());
+    for (int64_t d : r.shape) w.u64(static_cast<uint64_t>(d));
+    w.u64(static_cast<uint64_t>(r.bytes)), w.u64(static_cast<uint64_t>(static_cast<int64_t>(r.peer)));
+    w.u64(static_cast<uint64_t>(r.state)), w.f64(r.issued), w.f64(r.started), w.f64(r.finished);
+  }
+  static dtl::OpRecord get(Reader& r, const dtl::OpRecord&) {
+    r.expect_tag('r', "op record");
+    dtl::OpRecord o;
+    o.seq = r.u64();
+    o.op = static_cast<dtl::OpType>(r.u64());
+    o.dtype = r.str();
+    const uint64_t dims = r.u64();
+    if (dims > 16) throw std::runtime_error("op record: too many dimensions");
+    for (uint64_t i = 0; i < dims; ++i) o.shape.push_back(static_cast<int64_t>(r.u64()));
+    o.bytes = static_cast<int64_t>(r.u64());
+    o.peer = static_cast<int>(static_cast<int64_t>(r.u64()));
+    const uint64_t state = r.u64();
+    if (state > static_cast<uint64_t>(dtl::OpRecord::State::Failed)) throw std::runtime_error("op record: bad state");
+    o.state = static_cast<dtl::OpRecord::State>(state);
+    o.issued = r.f64(), o.started = r.f64(), o.finished = r.f64();
+    return o;
+  }
+};
 template <typename A, typename B>
 struct Codec<std::pair<A, B>> {
   static void put(Writer& w, const std::pair<A, B>& v) {
