@@ -293,7 +293,7 @@ int Grader::test_timeout(const Rubric& r, const std::vector<std::string>& tests)
 }
 
 Job Grader::run_job(const Rubric& r, const std::string& binary, const std::string& filter, int n,
-                    int timeout, const std::vector<std::string>& tests) {
+                    int timeout, const std::vector<std::string>& tests, bool budget_bound) {
   JobPlan plan;
   plan.worker = bin(r, binary, opt_.side);
   plan.driver = driver_for(r, binary) ? bin(r, binary, "reference") : "";
@@ -301,8 +301,13 @@ Job Grader::run_job(const Rubric& r, const std::string& binary, const std::strin
   plan.world = n;
   plan.timeout = timeout;
   plan.test_timeout = test_timeout(r, tests);
-  // The job's own limit leaves room for every test's watchdog.
-  plan.timeout = std::max(plan.timeout, plan.test_timeout + 30);
+  // The job's own limit leaves room for every test's watchdog, unless the lab's time budget set
+  // it: then the budget wins and the watchdog fits inside it (a hanging test still ends with
+  // the harness's diagnosis rather than the job's kill).
+  if (budget_bound)
+    plan.test_timeout = std::max(1, std::min(plan.test_timeout, plan.timeout - 5));
+  else
+    plan.timeout = std::max(plan.timeout, plan.test_timeout + 30);
   plan.untrusted = student();
   plan.processes = r.sandbox_processes;
   Job job = jobs_->run(plan);
@@ -487,6 +492,10 @@ std::vector<GroupRun> Grader::run_groups(const Rubric& r, const std::string& bin
       }
     timeout += g.timeout > 0 ? g.timeout : opt_.timeout;
   }
+  // A job's limit within what is left of the lab's budget (seconds_left < 0: no budget).
+  auto bound = [&](int t, double left) {
+    return left >= 0 && t > static_cast<int>(left) + 1;
+  };
   auto clamp = [&](int t) {
     return seconds_left >= 0 ? std::max(1, std::min(t, static_cast<int>(seconds_left) + 1)) : t;
   };
@@ -494,8 +503,8 @@ std::vector<GroupRun> Grader::run_groups(const Rubric& r, const std::string& bin
   if (groups.size() > 1 && !union_tests.empty()) {
     std::string filter;
     for (auto& name : union_tests) filter += (filter.empty() ? "" : ":") + name;
-    Job job =
-        run_job(r, binary, filter, n, clamp(std::min(timeout, 2 * opt_.timeout)), union_tests);
+    const int t = std::min(timeout, 2 * opt_.timeout);
+    Job job = run_job(r, binary, filter, n, clamp(t), union_tests, bound(t, seconds_left));
     const bool worker_ended = !job.worker.timed_out && !job.worker.output_limited &&
                               !job.worker.disk_limited && job.worker.signal == 0 &&
                               (job.worker.exit_code == 0 || job.worker.exit_code == 1);
@@ -509,8 +518,9 @@ std::vector<GroupRun> Grader::run_groups(const Rubric& r, const std::string& bin
     const TestGroup& g = r.tests[groups[k]];
     const double left = seconds_left < 0 ? -1 : seconds_left - seconds_since(start);
     int t = g.timeout > 0 ? g.timeout : opt_.timeout;
+    const bool budget_bound = bound(t, left);
     if (seconds_left >= 0) t = std::max(1, std::min(t, static_cast<int>(left) + 1));
-    Job job = run_job(r, binary, g.filter, n, t, expected[k]);
+    Job job = run_job(r, binary, g.filter, n, t, expected[k], budget_bound);
     rows.push_back(score_group(g, n, expected[k], job));
   }
   return rows;

@@ -55,7 +55,7 @@ class Grader {
   const std::vector<std::string>& listing(const std::string& exe);
   int test_timeout(const Rubric& r, const std::vector<std::string>& tests) const;
   Job run_job(const Rubric& r, const std::string& binary, const std::string& filter, int n,
-              int timeout, const std::vector<std::string>& tests);
+              int timeout, const std::vector<std::string>& tests, bool budget_bound = false);
   static bool trusted(const Job& job, const std::vector<std::string>& expected);
   GroupRun score_group(const TestGroup& g, int n, const std::vector<std::string>& expected,
                        const Job& job);
