@@ -85,6 +85,10 @@ Grader::Grader(Options o) : opt_(std::move(o)) {
 }
 
 Grader::~Grader() {
+  if (keep_job_dirs()) {
+    fmt::print(stderr, "grader: job directories kept in {}\n", reports_);
+    return;
+  }
   std::error_code ec;
   fs::remove_all(reports_, ec);
 }
@@ -179,36 +183,40 @@ std::string Grader::build_log(const Rubric& r) const {
 
 // ------------------------------------------------------------------ the audit stage
 
+// The shared libraries the tests load, from the reference's binary (never run student code
+// to learn something about it): all of them (the sandbox lets the tests read their
+// directories), and those whose functions the tests, the harness and the runtime call (the audit
+// checks that no weak definition replaces theirs; LibTorch alone pulls in ~300 others that no
+// test reaches).
+std::pair<std::vector<std::string>, std::vector<std::string>> Grader::test_libraries(
+    const Rubric& r) const {
+  std::vector<std::string> all, called;
+  const std::string ref = bin(r, "test", "reference");
+  if (!fs::exists(ref)) return {all, called};
+  try {
+    std::istringstream ldd(run_tool({"ldd", ref}));
+    static const std::regex relevant(
+        R"(/lib((torch|c10|stdc\+\+|mpi|open-pal|open-rte|gtest|gmock|fmt|benchmark|dtl)[^/]*|c|m|gcc_s)\.so[^/]*$)");
+    for (std::string line; std::getline(ldd, line);) {
+      auto arrow = line.find("=> /");
+      if (arrow == std::string::npos) continue;
+      std::string path = line.substr(arrow + 3);
+      path = path.substr(0, path.find(" ("));
+      all.push_back(path);
+      if (path.rfind(opt_.build, 0) == 0 || std::regex_search(path, relevant)) called.push_back(path);
+    }
+  } catch (const std::exception&) {
+  }
+  return {all, called};
+}
+
+
 std::string Grader::audit(const Rubric& r, LabResult& lab) {
   std::vector<std::string> sources;
   AuditPolicy policy = policy_for(r, opt_.source, sources);
   policy.as = student_;
   const std::vector<std::string> objects = lab_objects(opt_.build, r, "student");
-  // The shared libraries the tests load, from the reference's binary (never run student code
-  // to learn something about it): the audit checks that no weak definition replaces theirs, and
-  // the sandbox lets the tests read them.
-  const std::string ref = bin(r, "test", "reference");
-  std::vector<std::string> all_libraries;
-  if (fs::exists(ref)) {
-    try {
-      std::istringstream ldd(run_tool({"ldd", ref}));
-      static const std::regex relevant(
-          R"(/lib((torch|c10|stdc\+\+|mpi|open-pal|open-rte|gtest|gmock|fmt|benchmark|dtl)[^/]*|c|m|gcc_s)\.so[^/]*$)");
-      for (std::string line; std::getline(ldd, line);) {
-        auto arrow = line.find("=> /");
-        if (arrow == std::string::npos) continue;
-        std::string path = line.substr(arrow + 3);
-        path = path.substr(0, path.find(" ("));
-        all_libraries.push_back(path);
-        // The libraries whose functions the tests, the harness and the runtime call (LibTorch
-        // alone pulls in ~300 others that no test reaches).
-        if (path.rfind(opt_.build, 0) == 0 || std::regex_search(path, relevant))
-          policy.libraries.push_back(path);
-      }
-    } catch (const std::exception&) {
-    }
-  }
-  jobs_->set_libraries(all_libraries);
+  policy.libraries = test_libraries(r).second;
   AuditResult result;
   std::vector<std::string> problems;
   try {
@@ -554,6 +562,8 @@ LabResult Grader::grade(const Rubric& r) {
         "(./lab grade --all runs its tests anyway)",
         r.lab);
   std::string rejected;
+  // The sandbox reads the tests' shared libraries, audited or not (--no-audit).
+  if (student()) jobs_->set_libraries(test_libraries(r).first);
   if (student() && opt_.audit && not_started.empty()) rejected = audit(r, lab);
   std::vector<size_t> selected;  // the groups to grade (--only-groups), in rubric order
   for (size_t i = 0; i < r.tests.size(); ++i)

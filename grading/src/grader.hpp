@@ -50,6 +50,8 @@ class Grader {
   void load_reference_times();
   GroupRun not_run(const TestGroup& g, int n, const std::string& reason, const std::string& output);
   std::string audit(const Rubric& r, LabResult& lab);
+  std::pair<std::vector<std::string>, std::vector<std::string>> test_libraries(
+      const Rubric& r) const;
   std::string bin(const Rubric& r, const std::string& kind, const std::string& side) const;
   std::string build_log(const Rubric& r) const;
   const std::vector<std::string>& listing(const std::string& exe);

@@ -226,6 +226,7 @@ Job JobRunner::run(const JobPlan& plan) {
   job.worker = plan.untrusted
                    ? run_command(cmd, plan.timeout, env, dir, student_limits(dir), student_launch())
                    : run_command(cmd, plan.timeout, env, reports_);
+  if (keep_job_dirs()) std::ofstream(reports_ + "/" + tag + ".worker.log") << job.worker.output;
   {
     std::ifstream in(watchdog_report);
     job.watchdog = json::parse(in, nullptr, false);
@@ -240,7 +241,7 @@ Job JobRunner::run(const JobPlan& plan) {
   // Without a driver, or when the worker's report shows nothing passing (a forged report could
   // only cost its author here), the worker's report is the verdict.
   if (!split || nothing_passed) {
-    if (plan.untrusted) fs::remove_all(dir, ec);
+    if (plan.untrusted && !keep_job_dirs()) fs::remove_all(dir, ec);
     return job;
   }
   job.split = true;
@@ -267,6 +268,10 @@ Job JobRunner::run(const JobPlan& plan) {
   {
     std::ifstream in(summary);
     job.summary = json::parse(in, nullptr, false);
+  }
+  if (keep_job_dirs()) {
+    std::ofstream(trusted + "/driver.log") << job.driver.output;
+    return job;
   }
   fs::remove_all(trusted, ec);
   if (plan.untrusted) fs::remove_all(dir, ec);

@@ -1,6 +1,7 @@
 // options.hpp — defines: Options (what dtl-grade was asked to do).
 #pragma once
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,12 @@ struct Options {
   std::string verdict = "auto";    // driver | in-process | auto (driver when a reference exists)
   bool sandbox = true;             // student runs inside dtl-sandbox
 };
+
+// DTL_GRADE_KEEP=1: keep every job's directory (worker and driver reports, observations, the
+// ranks' files) for an instructor who wants to see why a job ended the way it did.
+inline bool keep_job_dirs() {
+  const char* keep = std::getenv("DTL_GRADE_KEEP");
+  return keep && *keep && *keep != '0';
+}
 
 }  // namespace dtl::grade
