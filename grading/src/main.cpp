@@ -25,6 +25,7 @@
 #include "report.hpp"
 #include "rubric.hpp"
 #include "skeleton.hpp"
+#include "summary.hpp"
 
 namespace fs = std::filesystem;
 using namespace dtl::grade;
@@ -153,6 +154,9 @@ int main(int argc, char** argv) {
   app.add_option("--summarize", summary_tests,
                  "ctest entries to summarise as a table (./lab test NN)");
   app.add_option("--reports", reports, "with --summarize: directory of <entry>.json gtest reports");
+  std::string summary_log;
+  app.add_option("--log", summary_log,
+                 "with --summarize: the file holding the runs' full output (named in the summary)");
   CLI11_PARSE(app, argc, argv);
 
   if (!check_file.empty()) return check_results(check_file, expects);
@@ -210,7 +214,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!summary_tests.empty()) return summarize(reports, summary_tests);
+  if (!summary_tests.empty()) return summarize(reports, summary_tests, summary_log);
   if (!audit_objects_of.empty()) {
     try {
       for (auto& l : opt.labs) l = fmt::format("{:02d}", std::stoi(l));
