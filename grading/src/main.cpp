@@ -147,8 +147,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> expects;
   app.add_option("--check", check_file, "check a results.json against --expect conditions");
   app.add_option("--expect", expects,
-                 "'score|correctness|performance OP VALUE|max|..._max' or "
-                 "'reason|output contains TEXT' (the grader's self-test)");
+                 "'score|correctness|performance OP VALUE|max|..._max', "
+                 "'reason|output contains|lacks TEXT' or 'hidden stays hidden' (the grader's "
+                 "self-test)");
   std::string reports;
   std::vector<std::string> summary_tests;
   app.add_option("--summarize", summary_tests,

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -148,6 +149,37 @@ json to_gradescope(const std::vector<LabResult>& labs, double seconds, const std
           {"leaderboard", leaderboard}};
 }
 
+// What of a results.json's non-visible tests (their group names, the gtest names and the files of
+// their failures) appears in what students see at once: the top-level output and the visible
+// tests. Each leak as "NAME (in WHERE)".
+std::vector<std::string> hidden_leaks(const json& doc) {
+  static const std::regex failed_test(R"(FAILED (\S+) \(n=)");
+  static const std::regex course_path(R"(grading/\d\d_\w+/[^\s:]*)");
+  std::set<std::string> secrets;
+  std::vector<std::pair<std::string, std::string>> seen = {
+      {"the top-level output", doc.value("output", "")}};
+  for (auto& t : doc.value("tests", json::array())) {
+    const std::string name = t.value("name", ""), out = t.value("output", "");
+    if (t.value("visibility", "visible") == "visible") {
+      seen.emplace_back("test '" + name + "'", name + "\n" + out);
+      continue;
+    }
+    const auto bar = name.find("| "), paren = name.rfind(" (n=");
+    if (bar != std::string::npos) secrets.insert(name.substr(bar + 2, paren - bar - 2));
+    for (auto& re : {failed_test, course_path})
+      for (std::sregex_iterator m(out.begin(), out.end(), re), end; m != end; ++m)
+        secrets.insert((*m)[m->size() > 1 ? 1 : 0].str());
+  }
+  for (auto& l : doc.value("leaderboard", json::array()))
+    seen.emplace_back("the leaderboard", l.value("name", ""));
+  std::vector<std::string> leaks;
+  for (auto& secret : secrets)
+    for (auto& [where, text] : seen)
+      if (!secret.empty() && text.find(secret) != std::string::npos)
+        leaks.push_back(secret + " (in " + where + ")");
+  return leaks;
+}
+
 // The grader's self-test reads back a results.json: totals by kind, and text searches.
 int check_results(const std::string& file, const std::vector<std::string>& conditions) {
   std::ifstream in(file);
@@ -168,7 +200,11 @@ int check_results(const std::string& file, const std::vector<std::string>& condi
   for (auto& c : conditions) {
     bool ok = false;
     auto q = c.find(" contains '"), l = c.find(" lacks '");
-    if (q != std::string::npos) {
+    if (c == "hidden stays hidden") {
+      const auto leaks = hidden_leaks(doc);
+      for (auto& leak : leaks) std::cerr << "visible before the due date: " << leak << "\n";
+      ok = leaks.empty();
+    } else if (q != std::string::npos) {
       std::string what = c.substr(0, q), text = c.substr(q + 11, c.size() - q - 12);
       ok = (what == "reason" ? output : all).find(text) != std::string::npos;
     } else if (l != std::string::npos) {

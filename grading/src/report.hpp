@@ -24,8 +24,13 @@ std::string table(const std::vector<LabResult>& labs, const Options& opt,
 nlohmann::json to_gradescope(const std::vector<LabResult>& labs, double seconds,
                              const std::string& output);
 
-// The grader's self-test reads back a results.json: totals by kind, and text searches.
+// The grader's self-test reads back a results.json: totals by kind, text searches, and "hidden
+// stays hidden" (hidden_leaks finds nothing).
 int check_results(const std::string& file, const std::vector<std::string>& conditions);
+
+// What of the non-visible tests (group names, failing gtest names, files under grading/) appears
+// in the top-level output, a visible test or the leaderboard, each as "NAME (in WHERE)".
+std::vector<std::string> hidden_leaks(const nlohmann::json& results);
 
 // A student release's rubric: the public groups only (and the points the course's grader adds).
 int print_public_rubric(const std::string& file);
