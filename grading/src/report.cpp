@@ -28,8 +28,11 @@ bool visible(const GroupRun& run) { return run.group->visibility == "visible"; }
 // A lab's reason as students may see it before the due date.
 std::string visible_reason(const LabResult& lab) {
   if (lab.not_started) return lab.reason;
+  // The lab's reason when it is this visible run's, with what the grader adds about the lab as a
+  // whole ("grading stopped at the smallest world size"); otherwise the run's own.
   for (const auto& run : lab.runs)
-    if (!run.reason.empty() && visible(run)) return run.reason;
+    if (!run.reason.empty() && visible(run))
+      return lab.reason.rfind(run.reason, 0) == 0 ? lab.reason : run.reason;
   for (const auto& run : lab.runs)
     if (!run.reason.empty()) return "a hidden test fails (its results appear after the due date)";
   return lab.reason;
