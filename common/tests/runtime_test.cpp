@@ -92,6 +92,15 @@ TEST(Runtime, ErrorsCarryTheRank) {
       EXPECT_THAT(msg, ::testing::HasSubstr("[rank " + std::to_string(dtl::world().rank()) + "/"));
     }
   }
+  // With arguments, the message is a fmt format string (what the skeletons' TODOs ask for).
+  const int tp = 3, heads = 8;
+  try {
+    DTL_CHECK(heads % tp == 0, "tp={} does not divide n_heads={}", tp, heads);
+    FAIL();
+  } catch (const dtl::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("tp=3 does not divide n_heads=8"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("check `heads % tp == 0` failed"));
+  }
   try {
     DTL_UNIMPLEMENTED("lab 00: nothing");
   } catch (const dtl::NotImplemented& e) {

@@ -99,6 +99,10 @@ grade partial --no-perf
 expect partial "correctness > 0"
 expect partial "score < max"
 expect partial "reason contains 'tests fail at n='"
+# It fails a hidden (after-due-date) group too: nothing of it (group name, test names, files) may
+# appear in the top-level output or a visible test before the due date.
+expect partial "output contains 'FAILED GradeRingAllReduce'"
+expect partial "hidden stays hidden"
 
 # Cheating: the static audit stops these before any of their code runs, each attack named.
 grade cheat-source --no-perf
@@ -238,6 +242,14 @@ expect gradescope "correctness > 0"
 # What students read is clean: no colour codes, no OpenMPI noise from the unprivileged user.
 expect gradescope "output lacks 'Read -1, expected'"
 expect gradescope "output lacks '\u001b['"
+expect gradescope "hidden stays hidden"
+# mpirun's own helpers ending after a correct submission are not "left running" by the student.
+if grep -qs "left running" "$work/correct.log" "$work/gradescope.log"; then
+  echo "FAIL correct: the grader reports processes left running"; fails=$((fails + 1))
+  failed+=("correct: left running")
+else
+  echo "ok   correct, gradescope: no process reported left running"
+fi
 # A misnamed upload: nothing graded, and the student is told what was expected and received.
 rm -f "$ag/submission/"*
 echo "int x;" >"$ag/submission/ring_all_reduce.cc"

@@ -25,6 +25,7 @@
 #include "report.hpp"
 #include "rubric.hpp"
 #include "skeleton.hpp"
+#include "summary.hpp"
 
 namespace fs = std::filesystem;
 using namespace dtl::grade;
@@ -146,13 +147,17 @@ int main(int argc, char** argv) {
   std::vector<std::string> expects;
   app.add_option("--check", check_file, "check a results.json against --expect conditions");
   app.add_option("--expect", expects,
-                 "'score|correctness|performance OP VALUE|max|..._max' or "
-                 "'reason|output contains TEXT' (the grader's self-test)");
+                 "'score|correctness|performance OP VALUE|max|..._max', "
+                 "'reason|output contains|lacks TEXT' or 'hidden stays hidden' (the grader's "
+                 "self-test)");
   std::string reports;
   std::vector<std::string> summary_tests;
   app.add_option("--summarize", summary_tests,
                  "ctest entries to summarise as a table (./lab test NN)");
   app.add_option("--reports", reports, "with --summarize: directory of <entry>.json gtest reports");
+  std::string summary_log;
+  app.add_option("--log", summary_log,
+                 "with --summarize: the file holding the runs' full output (named in the summary)");
   CLI11_PARSE(app, argc, argv);
 
   if (!check_file.empty()) return check_results(check_file, expects);
@@ -210,7 +215,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!summary_tests.empty()) return summarize(reports, summary_tests);
+  if (!summary_tests.empty()) return summarize(reports, summary_tests, summary_log);
   if (!audit_objects_of.empty()) {
     try {
       for (auto& l : opt.labs) l = fmt::format("{:02d}", std::stoi(l));

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -27,8 +28,11 @@ bool visible(const GroupRun& run) { return run.group->visibility == "visible"; }
 // A lab's reason as students may see it before the due date.
 std::string visible_reason(const LabResult& lab) {
   if (lab.not_started) return lab.reason;
+  // The lab's reason when it is this visible run's, with what the grader adds about the lab as a
+  // whole ("grading stopped at the smallest world size"); otherwise the run's own.
   for (const auto& run : lab.runs)
-    if (!run.reason.empty() && visible(run)) return run.reason;
+    if (!run.reason.empty() && visible(run))
+      return lab.reason.rfind(run.reason, 0) == 0 ? lab.reason : run.reason;
   for (const auto& run : lab.runs)
     if (!run.reason.empty()) return "a hidden test fails (its results appear after the due date)";
   return lab.reason;
@@ -148,6 +152,37 @@ json to_gradescope(const std::vector<LabResult>& labs, double seconds, const std
           {"leaderboard", leaderboard}};
 }
 
+// What of a results.json's non-visible tests (their group names, the gtest names and the files of
+// their failures) appears in what students see at once: the top-level output and the visible
+// tests. Each leak as "NAME (in WHERE)".
+std::vector<std::string> hidden_leaks(const json& doc) {
+  static const std::regex failed_test(R"(FAILED (\S+) \(n=)");
+  static const std::regex course_path(R"(grading/\d\d_\w+/[^\s:]*)");
+  std::set<std::string> secrets;
+  std::vector<std::pair<std::string, std::string>> seen = {
+      {"the top-level output", doc.value("output", "")}};
+  for (auto& t : doc.value("tests", json::array())) {
+    const std::string name = t.value("name", ""), out = t.value("output", "");
+    if (t.value("visibility", "visible") == "visible") {
+      seen.emplace_back("test '" + name + "'", name + "\n" + out);
+      continue;
+    }
+    const auto bar = name.find("| "), paren = name.rfind(" (n=");
+    if (bar != std::string::npos) secrets.insert(name.substr(bar + 2, paren - bar - 2));
+    for (auto& re : {failed_test, course_path})
+      for (std::sregex_iterator m(out.begin(), out.end(), re), end; m != end; ++m)
+        secrets.insert((*m)[m->size() > 1 ? 1 : 0].str());
+  }
+  for (auto& l : doc.value("leaderboard", json::array()))
+    seen.emplace_back("the leaderboard", l.value("name", ""));
+  std::vector<std::string> leaks;
+  for (auto& secret : secrets)
+    for (auto& [where, text] : seen)
+      if (!secret.empty() && text.find(secret) != std::string::npos)
+        leaks.push_back(secret + " (in " + where + ")");
+  return leaks;
+}
+
 // The grader's self-test reads back a results.json: totals by kind, and text searches.
 int check_results(const std::string& file, const std::vector<std::string>& conditions) {
   std::ifstream in(file);
@@ -168,7 +203,11 @@ int check_results(const std::string& file, const std::vector<std::string>& condi
   for (auto& c : conditions) {
     bool ok = false;
     auto q = c.find(" contains '"), l = c.find(" lacks '");
-    if (q != std::string::npos) {
+    if (c == "hidden stays hidden") {
+      const auto leaks = hidden_leaks(doc);
+      for (auto& leak : leaks) std::cerr << "visible before the due date: " << leak << "\n";
+      ok = leaks.empty();
+    } else if (q != std::string::npos) {
       std::string what = c.substr(0, q), text = c.substr(q + 11, c.size() - q - 12);
       ok = (what == "reason" ? output : all).find(text) != std::string::npos;
     } else if (l != std::string::npos) {
@@ -192,79 +231,6 @@ int check_results(const std::string& file, const std::vector<std::string>& condi
   }
   if (bad) std::cerr << output;
   return bad ? 1 : 0;
-}
-
-// ./lab test NN ends with this: one row per test, one column per world size, so a student sees
-// at a glance which tasks pass, which are not implemented yet, and the first failure of each.
-// `names` are ctest entries "labNN.side.nK"; their gtest reports are DIR/<name>.json.
-int summarize(const std::string& dir, const std::vector<std::string>& names) {
-  std::map<std::string, std::map<int, std::string>> cells;  // test -> world size -> verdict
-  std::map<std::string, std::string> first_failure;
-  std::set<std::string> todo;  // "lab 03: ring_all_reduce (Task 4)", once each
-  std::vector<std::string> missing;
-  std::set<int> worlds;
-  for (const auto& name : names) {
-    const auto dot = name.rfind(".n");
-    const int n = dot == std::string::npos ? 0 : std::atoi(name.c_str() + dot + 2);
-    worlds.insert(n);
-    std::ifstream in(dir + "/" + name + ".json");
-    json j = json::parse(in, nullptr, false);
-    if (j.is_discarded() || !j.contains("testsuites")) {
-      missing.push_back(name);
-      continue;
-    }
-    for (auto& suite : j["testsuites"])
-      for (auto& t : suite.value("testsuite", json::array())) {
-        const std::string test = suite.value("name", "") + "." + t.value("name", "");
-        std::string verdict = "ok";
-        if (t.value("result", "") == "SKIPPED") verdict = "skip";
-        if (t.contains("failures") && !t["failures"].empty()) {
-          const std::string msg = t["failures"][0].value("failure", "failed");
-          const std::string ni = not_implemented_reason(msg);
-          verdict = ni.empty() ? "FAIL" : "n.i.";
-          if (!ni.empty())
-            todo.insert(ni.substr(std::string("not implemented: ").size()));
-          else if (!first_failure.count(test))
-            first_failure[test] = fmt::format("n={}: {}", n, first_line(msg, 200));
-        }
-        cells[test][n] = verdict;
-      }
-  }
-  size_t width = 10;
-  for (auto& [test, row] : cells) width = std::max(width, test.size());
-  std::string out = fmt::format("\n{:<{}}", "test", width);
-  for (int n : worlds) out += fmt::format(" {:>5}", fmt::format("n={}", n));
-  out += "\n";
-  int ok = 0, total = 0;
-  for (auto& [test, row] : cells) {
-    out += fmt::format("{:<{}}", test, width);
-    bool all_ok = true;
-    for (int n : worlds) {
-      auto it = row.find(n);
-      const std::string v = it == row.end() ? "-" : it->second;
-      all_ok = all_ok && (v == "ok" || v == "skip" || v == "-");
-      out += fmt::format(" {:>5}", v);
-    }
-    out += "\n";
-    ++total;
-    ok += all_ok;
-  }
-  out += fmt::format("{} of {} tests pass at every world size", ok, total);
-  out += missing.empty() ? "\n"
-                         : fmt::format(
-                               "; no report from {} (crashed, hung or not built: "
-                               "see the output above)\n",
-                               fmt::join(missing, ", "));
-  if (!todo.empty()) {
-    out += "n.i. = not implemented yet:\n";
-    for (auto& t : todo) out += "  " + t + "\n";
-  }
-  if (!first_failure.empty()) {
-    out += "first failure of each failing test:\n";
-    for (auto& [test, msg] : first_failure) out += fmt::format("  {}  {}\n", test, msg);
-  }
-  std::cout << out << std::flush;
-  return ok == total && missing.empty() ? 0 : 1;
 }
 
 // A student release's rubric: the public groups (binary "test") only; the points of the rest

@@ -1,4 +1,4 @@
-// report.hpp — defines: table, to_gradescope, check_results, summarize, print_public_rubric.
+// report.hpp — defines: table, to_gradescope, check_results, print_public_rubric.
 //
 // The last stage: what the grader observed, for people. The terminal table (everything, for the
 // person who ran the grader), Gradescope's results.json (each group's visibility from the rubric;
@@ -24,13 +24,13 @@ std::string table(const std::vector<LabResult>& labs, const Options& opt,
 nlohmann::json to_gradescope(const std::vector<LabResult>& labs, double seconds,
                              const std::string& output);
 
-// The grader's self-test reads back a results.json: totals by kind, and text searches.
+// The grader's self-test reads back a results.json: totals by kind, text searches, and "hidden
+// stays hidden" (hidden_leaks finds nothing).
 int check_results(const std::string& file, const std::vector<std::string>& conditions);
 
-// ./lab test NN ends with this: one row per test, one column per world size, and the first
-// failure of each failing test. `names` are ctest entries "labNN.side.nK"; their gtest reports
-// are DIR/<name>.json.
-int summarize(const std::string& dir, const std::vector<std::string>& names);
+// What of the non-visible tests (group names, failing gtest names, files under grading/) appears
+// in the top-level output, a visible test or the leaderboard, each as "NAME (in WHERE)".
+std::vector<std::string> hidden_leaks(const nlohmann::json& results);
 
 // A student release's rubric: the public groups only (and the points the course's grader adds).
 int print_public_rubric(const std::string& file);

@@ -43,6 +43,13 @@ int validate_rubrics(const Options& opt) {
     const bool has_reference = fs::exists(fs::path(opt.source) / "solutions" / r.slug);
     const std::string side = has_reference ? "reference" : "student";
     for (auto& g : r.tests) {
+      // Gradescope's four values (grading/README.md, "Gradescope"): a typo must not decide when
+      // students see a hidden group's results.
+      if (g.visibility != "visible" && g.visibility != "hidden" &&
+          g.visibility != "after_due_date" && g.visibility != "after_published")
+        problem(r, fmt::format("group '{}': visibility '{}' is not one of visible, hidden, "
+                               "after_due_date, after_published",
+                               g.name, g.visibility));
       const fs::path exe = bindir / fmt::format("lab{}_{}_{}", r.lab, g.binary, side);
       if (!fs::exists(exe)) {
         problem(r, fmt::format("group '{}': {} is not built", g.name, exe.filename().string()));

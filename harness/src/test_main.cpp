@@ -10,7 +10,8 @@
 // * A watchdog ends a test that runs past its timeout (default 120 s; --dtl_timeout=S or
 //   DTL_TEST_TIMEOUT=S): every rank sends rank 0 what its Comms are doing over a side channel,
 //   rank 0 prints which ranks wait in which op and which are missing, and the job is aborted
-//   with exit code 124 instead of hanging.
+//   with exit code 124 instead of hanging. Before the abort, rank 0 writes the --gtest_output
+//   JSON report: the tests finished so far, and the hung one failed with that diagnosis.
 // * --dtl_expect_unimplemented inverts the verdict for the skeleton check: the run succeeds
 //   only if every test that ran failed, and failed with "not implemented" (a skeleton must
 //   fail loudly everywhere, never pass by accident or compute garbage).
@@ -30,7 +31,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 
 #include "dtl/error.hpp"
@@ -44,6 +47,83 @@ namespace {
 using nlohmann::json;
 
 int g_rank = 0, g_size = 1;
+
+// What rank 0 has finished, as entries of gtest's JSON report ({"suite", "test"}): when the
+// watchdog stops the job, it writes them and the hung test (failed, with its diagnosis) to the
+// --gtest_output file, so a hang keeps the results of the tests that ran before it.
+std::mutex g_finished_mu;
+json g_finished = json::array();
+bool g_tests_running = false;  // not in a DTL_JOB run, which has no report
+
+json failures_json(const ::testing::TestResult& result) {
+  json out = json::array();
+  for (int i = 0; i < result.total_part_count(); ++i) {
+    const auto& part = result.GetTestPartResult(i);
+    if (!part.failed()) continue;
+    std::string where = part.file_name() ? part.file_name() : "unknown file";
+    if (part.line_number() >= 0) where += ":" + std::to_string(part.line_number());
+    out.push_back({{"failure", where + "\n" + part.message()}, {"type", ""}});
+  }
+  return out;
+}
+
+void record_finished(const ::testing::TestInfo& info) {
+  const auto* r = info.result();
+  char time[32];
+  std::snprintf(time, sizeof time, "%.3fs", static_cast<double>(r->elapsed_time()) / 1000);
+  json test = {{"name", info.name()},
+               {"status", "RUN"},
+               {"result", r->Skipped() ? "SKIPPED" : "COMPLETED"},
+               {"time", time},
+               {"classname", info.test_suite_name()}};
+  if (r->Failed()) test["failures"] = failures_json(*r);
+  std::lock_guard<std::mutex> lock(g_finished_mu);
+  g_finished.push_back({{"suite", info.test_suite_name()}, {"test", test}});
+}
+
+// The report of a job the watchdog stops: every finished test, then the hung one.
+void write_partial_report(const std::string& hung, const std::string& why) {
+#ifdef GTEST_FLAG_GET
+  const std::string flag = GTEST_FLAG_GET(output);
+#else
+  const std::string flag = ::testing::GTEST_FLAG(output);
+#endif
+  if (!g_tests_running || flag.rfind("json:", 0) != 0 || flag.size() <= 5 || flag.back() == '/')
+    return;
+  json suites = json::array();
+  int tests = 0, failures = 0;
+  auto add = [&](const std::string& suite, const json& test) {
+    if (suites.empty() || suites.back()["name"] != suite)
+      suites.push_back(
+          {{"name", suite}, {"tests", 0}, {"failures", 0}, {"testsuite", json::array()}});
+    json& s = suites.back();
+    const int failed = test.contains("failures") ? 1 : 0;
+    s["tests"] = s["tests"].get<int>() + 1;
+    s["failures"] = s["failures"].get<int>() + failed;
+    s["testsuite"].push_back(test);
+    ++tests;
+    failures += failed;
+  };
+  {
+    std::lock_guard<std::mutex> lock(g_finished_mu);
+    for (auto& e : g_finished) add(e["suite"], e["test"]);
+  }
+  const size_t dot = hung.find('.');
+  const std::string suite = hung.substr(0, dot),
+                    name = dot == std::string::npos ? hung : hung.substr(dot + 1);
+  add(suite, {{"name", name},
+              {"status", "RUN"},
+              {"result", "COMPLETED"},
+              {"classname", suite},
+              {"failures", json::array({{{"failure", why}, {"type", ""}}})}});
+  const json report = {
+      {"tests", tests}, {"failures", failures}, {"name", "AllTests"}, {"testsuites", suites}};
+  if (FILE* f = std::fopen(flag.c_str() + 5, "w")) {
+    const std::string text = report.dump(2);
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+}
 
 // ------------------------------------------------------------------ watchdog
 
@@ -157,6 +237,10 @@ class Watchdog {
     std::string report = fmt_report(test, got);
     std::fputs(report.c_str(), stdout);
     std::fflush(stdout);
+    const std::string why = "[dtl watchdog] hung: not finished within its timeout of " +
+                            std::to_string(static_cast<int>(timeout_)) + " s on " +
+                            std::to_string(g_size) + " rank(s); " + states_;
+    write_partial_report(test, why);
     MPI_Abort(MPI_COMM_WORLD, 124);
     std::abort();
   }
@@ -224,6 +308,7 @@ class Watchdog {
       std::string list;
       for (int r : g.ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
       out += "  ranks [" + list + "]: " + state + "\n";
+      states_ += (states_.empty() ? "ranks [" : "; ranks [") + list + "]: " + state;
       json entry = {{"ranks", g.ranks}, {"state", state}};
       if (!g.first_op.is_null()) {
         entry["op"] = g.first_op.value("op", "");
@@ -258,6 +343,7 @@ class Watchdog {
   bool stop_ = false;
   double deadline_ = 0;
   std::string test_, phase_;
+  std::string states_;  // the summary in one line: "ranks [0,1]: waiting in all_reduce #2 ..."
   std::thread thread_;
 };
 
@@ -318,7 +404,10 @@ class RankListener : public ::testing::EmptyTestEventListener {
     // test (and under its watchdog) until all ranks have finished it.
     MPI_Barrier(control_);
     watchdog_.disarm();
-    if (g_rank == 0) check_unimplemented(info);
+    if (g_rank == 0) {
+      record_finished(info);  // for the report a watchdog writes if a later test hangs
+      check_unimplemented(info);
+    }
   }
 
   // Skeleton check (rank 0, which holds every rank's failures by now).
@@ -431,6 +520,7 @@ int main(int argc, char** argv) {
       auto* listener = new RankListener(rt.control_comm(), watchdog);
       listener->expect_unimplemented = flags.expect_unimplemented;
       listeners.Append(listener);
+      g_tests_running = true;
       rc = RUN_ALL_TESTS();
       if (!flags.check_summary.empty()) {
         // Every rank's observation counts, gathered on rank 0 for the summary.

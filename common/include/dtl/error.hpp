@@ -5,6 +5,8 @@
 // what constraint was broken, so a student reads one line and knows what to fix.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -47,15 +49,27 @@ std::string rank_prefix();
 namespace detail {
 [[noreturn]] void check_failed(const char* cond, const std::string& msg, const char* file, int line);
 [[noreturn]] void unimplemented(const std::string& what, const char* file, int line);
+
+// DTL_CHECK's message: a string as it is, or a fmt format string and its arguments.
+inline std::string check_message(std::string msg) { return msg; }
+template <typename T, typename... Args>
+std::string check_message(fmt::format_string<T, Args...> format, T&& first, Args&&... rest) {
+  return fmt::format(format, std::forward<T>(first), std::forward<Args>(rest)...);
+}
 }  // namespace detail
 
 }  // namespace dtl
 
-// DTL_CHECK(cond, msg): raise dtl::Error naming the broken constraint when cond is false.
-// msg is any expression convertible to std::string (use fmt::format for values).
-#define DTL_CHECK(cond, msg)                                          \
-  do {                                                                \
-    if (!(cond)) ::dtl::detail::check_failed(#cond, (msg), __FILE__, __LINE__); \
+// DTL_CHECK(cond, msg) or DTL_CHECK(cond, "fmt {} string", args...): raise dtl::Error naming the
+// broken constraint when cond is false. msg is anything convertible to std::string; with
+// arguments, the message is fmt::format(msg, args...):
+//   DTL_CHECK(heads % tp == 0, "tp={} does not divide n_heads={}", tp, heads);
+// The message is built only when the check fails.
+#define DTL_CHECK(cond, ...)                                                                  \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
+      ::dtl::detail::check_failed(#cond, ::dtl::detail::check_message(__VA_ARGS__), __FILE__, \
+                                  __LINE__);                                                  \
   } while (0)
 
 // DTL_UNIMPLEMENTED("lab 02: average_gradients"): ends every TODO(labNN) block of a skeleton,
