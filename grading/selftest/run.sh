@@ -26,6 +26,15 @@ bash "$root/grading/selftest/make_submissions.sh" "$work/subs"
 fails=0
 failed=()
 export DTL_SCRATCH="$work/scratch"
+# As Gradescope grades: student code runs as an unprivileged user when the self-test runs as
+# root (CI does); otherwise as the caller, in the same sandbox.
+user=""
+run_as=()
+if [ "$(id -u)" -eq 0 ]; then
+  user=dtl-selftest-student
+  id -u "$user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$user"
+  run_as=(--run-as "$user")
+fi
 
 # check VARIANT PERF? JQ-LIKE-CHECKS... : grade one submission and check results.json with
 # the grader's own JSON reader (dtl-grade --check), so no jq or python is needed.
@@ -38,7 +47,8 @@ grade() {  # [TEST_TIMEOUT=S] [MAX_WORLD=N] grade VARIANT [lab grade options]
   echo "==== $v"
   "$root/lab" grade --submission "$work/subs/$v" --json "$work/$v.json" \
     --test-timeout "${TEST_TIMEOUT:-30}" \
-    --max-world "${MAX_WORLD:-2}" --only-groups "ring all-reduce" "$@" >"$work/$v.log" 2>&1
+    --max-world "${MAX_WORLD:-2}" --only-groups "ring all-reduce" "${run_as[@]}" "$@" \
+    >"$work/$v.log" 2>&1
   tail -n 12 "$work/$v.log"
   echo "($v graded in $((SECONDS - start)) s)"
 }
@@ -155,9 +165,17 @@ expect localsum "performance == 0"
 expect localsum "output contains 'wrong result'"
 
 echo '{"03": 1}' >"$work/times.json"
-MAX_WORLD=1 grade sleepy --no-perf --reference-times "$work/times.json" --budget-min 10
+# The budget bounds the first job too: its watchdog fits inside the 10 s (the test ends as a
+# hang with the harness's diagnosis), and n=2 is not run at all.
+start=$SECONDS
+MAX_WORLD=2 grade sleepy --no-perf --reference-times "$work/times.json" --budget-min 10
 expect sleepy "score < max"
+expect sleepy "output contains 'stopped by the watchdog'"
 expect sleepy "output contains 'time budget of 10 s for lab 03 used up'"
+if want sleepy && [ $((SECONDS - start)) -gt 60 ]; then
+  echo "FAIL sleepy: grading took $((SECONDS - start)) s with a budget of 10 s"; fails=$((fails + 1))
+  failed+=("sleepy: budget not kept")
+fi
 MAX_WORLD=1 grade flood --no-perf --output-limit-mb 8
 expect flood "score == 0"
 expect flood "reason contains 'output reached the limit of 8 MiB'"
@@ -205,7 +223,7 @@ for lab in 17 18; do
   want "honest-lab$lab" || continue
   echo "==== honest-lab$lab"
   "$root/lab" grade --submission "$work/subs/honest-lab$lab" --json "$work/honest-lab$lab.json" --no-perf \
-    --test-timeout 60 --max-world 1 --only-groups "Task 1" >"$work/honest-lab$lab.log" 2>&1
+    --test-timeout 60 --max-world 1 --only-groups "Task 1" "${run_as[@]}" >"$work/honest-lab$lab.log" 2>&1
   tail -n 6 "$work/honest-lab$lab.log"
   expect "honest-lab$lab" "score == max"
 done
@@ -215,7 +233,7 @@ done
 if want lab01; then
 echo "==== lab01"
 "$root/lab" grade --submission "$work/subs/lab01" --json "$work/lab01.json" --no-perf \
-  --test-timeout 30 --max-world 1 >"$work/lab01.log" 2>&1
+  --test-timeout 30 --max-world 1 "${run_as[@]}" >"$work/lab01.log" 2>&1
 tail -n 4 "$work/lab01.log"
 fi
 expect lab01 "score == max"
@@ -226,11 +244,6 @@ if want gradescope; then
 ag="$work/autograder"
 mkdir -p "$ag/submission"
 cp "$work/subs/correct/ring_allreduce.cpp" "$ag/submission/"
-user=""
-if [ "$(id -u)" -eq 0 ]; then
-  user=dtl-selftest-student
-  id -u "$user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$user"
-fi
 echo "==== gradescope (user: ${user:-none, not root})"
 DTL_AUTOGRADER_ROOT="$ag" DTL_AUTOGRADER_SOURCE="$root" DTL_AUTOGRADER_USER="$user" \
   DTL_GRADE_ARGS="--test-timeout 30 --max-world 2 --no-perf" \
