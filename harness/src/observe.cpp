@@ -493,9 +493,13 @@ void write_summary(const std::string& path, const std::vector<std::string>& ever
   for (const auto& text : every_rank) {
     const auto j = nlohmann::json::parse(text, nullptr, false);
     if (!j.is_object()) continue;
-    for (const auto& [name, c] : j.items())
+    for (const auto& [name, c] : j.items()) {
+      if (!c.is_object()) continue;
+      auto& sum = tests[name];
+      if (!sum.is_object()) sum = {{"computed", 0}, {"measured", 0}, {"missing", 0}};
       for (const char* k : {"computed", "measured", "missing"})
-        tests[name][k] = tests[name].value(k, 0) + c.value(k, 0);
+        sum[k] = sum[k].get<long long>() + c.value(k, 0LL);
+    }
   }
   std::ofstream out(path);
   out << nlohmann::json{{"tests", tests}}.dump(1) << "\n";

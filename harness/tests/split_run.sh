@@ -14,9 +14,9 @@ rc=0
 for bin in "$@"; do
   rm -f "$dir"/rank-*.obs
   seed=$((RANDOM * 32768 + RANDOM))
-  DTL_SEED=$seed "${prefix[@]}" "$bin" --gtest_color=no --dtl_record="$dir" >"$dir/worker.log" 2>&1
+  DTL_SEED=$seed "${prefix[@]}" "$bin" --gtest_color=no --dtl_timeout=90 --dtl_record="$dir" >"$dir/worker.log" 2>&1
   worker=$?
-  DTL_SEED=$seed "${prefix[@]}" "$bin" --gtest_color=no --dtl_check="$dir" \
+  DTL_SEED=$seed "${prefix[@]}" "$bin" --gtest_color=no --dtl_timeout=90 --dtl_check="$dir" \
     --dtl_check_summary="$dir/summary.json" >"$dir/driver.log" 2>&1
   driver=$?
   if [ "$driver" -ne 0 ] || [ "$worker" -ne 0 ]; then
