@@ -20,29 +20,29 @@ constexpr auto HYBRID = ShardingStrategy::HYBRID_SHARD;
 // Units of 11 (root), 4, 13 and 6 over 3 ranks: S = 4, 2, 5, 2 and P = 12, 6, 15, 6.
 TEST(GradeFormulas, PaddingOverThreeRanks) {
   const std::vector<int64_t> n = {11, 4, 13, 6};
-  auto t = step_traffic(n, {FULL, FULL, FULL, FULL}, 3, 3);
+  auto t = observed(step_traffic(n, {FULL, FULL, FULL, FULL}, 3, 3));
   EXPECT_EQ(t.all_gather, 4 * (12 + 2 * (6 + 15 + 6)));
   EXPECT_EQ(t.reduce_scatter, 4 * (12 + 6 + 15 + 6));
   EXPECT_EQ(t.all_reduce, 0);
-  t = step_traffic(n, {SGO, FULL, SGO, NO}, 3, 3, /*element_bytes=*/2);
+  t = observed(step_traffic(n, {SGO, FULL, SGO, NO}, 3, 3, /*element_bytes=*/2));
   EXPECT_EQ(t.all_gather, 2 * (12 + 2 * 6 + 15));
   EXPECT_EQ(t.reduce_scatter, 2 * (12 + 6 + 15));
   EXPECT_EQ(t.all_reduce, 2 * 6);
-  auto b = param_bytes(n, {FULL, FULL, FULL, FULL}, 3, 3, true);
+  auto b = observed(param_bytes(n, {FULL, FULL, FULL, FULL}, 3, 3, true));
   EXPECT_EQ(b.sharded, 4 * (4 + 2 + 5 + 2));
   EXPECT_EQ(b.unsharded, 4 * (12 + 15 + 6));  // the root + the pair (13, 6) padded
-  b = param_bytes(n, {FULL, SGO, FULL, FULL}, 3, 3, false);
+  b = observed(param_bytes(n, {FULL, SGO, FULL, FULL}, 3, 3, false));
   EXPECT_EQ(b.unsharded, 4 * (12 + 6 + 15));  // the SGO unit stays, FULL ones one at a time
 }
 
 TEST(GradeFormulas, HybridEdgeCases) {
   const std::vector<int64_t> n = {10, 7};
   // One rank per node: a shard group of one gathers and scatters nothing, replicas all-reduce.
-  auto t = step_traffic(n, {HYBRID, HYBRID}, 1, 4);
+  auto t = observed(step_traffic(n, {HYBRID, HYBRID}, 1, 4));
   EXPECT_EQ(t.all_gather + t.reduce_scatter, 0);
   EXPECT_EQ(t.all_reduce, 4 * 17);
   // One node: no replicas, FULL_SHARD's traffic.
-  t = step_traffic(n, {HYBRID, HYBRID}, 4, 4);
+  t = observed(step_traffic(n, {HYBRID, HYBRID}, 4, 4));
   EXPECT_EQ(t.all_reduce, 0);
   EXPECT_EQ(t.all_gather, 4 * (12 + 2 * 8));
   expect_error_mentions([] { param_bytes({1, 2, 3}, {FULL, FULL}, 1, 1, true); }, "strategies");
@@ -79,10 +79,10 @@ TEST(GradeFsdp, SetLrReachesTheOptimizer) {
   const torch::Tensor before = fsdp.full_parameters();
   fsdp.set_lr(0.0);
   fsdp_step(fsdp, my_rows(data.sampler, 0, *comm));
-  DTL_EXPECT_EQUAL(fsdp.full_parameters(), before);
+  DTL_EXPECT_EQUAL(fsdp.full_parameters(), OBSERVE(before));  // both the code's
   fsdp.set_lr(3e-3);
   fsdp_step(fsdp, my_rows(data.sampler, 1, *comm));
-  EXPECT_GT((fsdp.full_parameters() - before).abs().max().item<double>(), 1e-5);
+  EXPECT_GT(OBSERVE((fsdp.full_parameters() - before).abs().max().item<double>()), 1e-5);
 }
 
 TEST(GradeFsdp, MixedStrategiesTrafficMatchesTheFormula) {
@@ -95,12 +95,14 @@ TEST(GradeFsdp, MixedStrategiesTrafficMatchesTheFormula) {
   GPT model(cfg);
   model->to(device());
   FullyShardedDataParallel fsdp(model, *comm, fc, adamw());
-  ASSERT_EQ(fsdp.strategies()[0], NO);
-  ASSERT_EQ(fsdp.strategies()[1], SGO);
-  ASSERT_EQ(fsdp.strategies()[2], FULL);
+  const auto strategies = OBSERVE(fsdp.strategies());
+  ASSERT_GE(strategies.size(), 3u);
+  ASSERT_EQ(strategies[0], NO);
+  ASSERT_EQ(strategies[1], SGO);
+  ASSERT_EQ(strategies[2], FULL);
   fsdp_step(fsdp, my_rows(data.sampler, 0, *comm));
-  const auto want = step_traffic(fsdp.unit_numels(), fsdp.strategies(), world, world);
-  const auto got = counted(fsdp);
+  const auto want = observed(step_traffic(fsdp.unit_numels(), fsdp.strategies(), world, world));
+  const auto got = counted(measured_stats(fsdp));
   EXPECT_EQ(got.all_gather, want.all_gather);
   EXPECT_EQ(got.reduce_scatter, want.reduce_scatter);
   EXPECT_EQ(got.all_reduce, want.all_reduce);
@@ -117,7 +119,7 @@ TEST(GradeFsdp, LimitZeroStillPrefetches) {
   FullyShardedDataParallel fsdp(model, *comm, fc, adamw());
   GatheredDuringBackward probe(fsdp);
   fsdp.loss(my_rows(data.sampler, 0, *comm)).backward();
-  EXPECT_EQ(probe.most, 2);
+  EXPECT_EQ(OBSERVE(probe.most), 2);
 }
 
 TEST(GradeFsdp, NoGradForwardReleasesEverythingAndMatchesTheModel) {
@@ -134,11 +136,14 @@ TEST(GradeFsdp, NoGradForwardReleasesEverythingAndMatchesTheModel) {
     FullyShardedDataParallel fsdp(model, *comm, fc, adamw());
     {
       torch::NoGradGuard no_grad;
-      EXPECT_NEAR(fsdp.loss(rows).item<double>(), want, 1e-5);
+      EXPECT_NEAR(OBSERVE(fsdp.loss(rows).item<double>()), want, 1e-5);
     }
+    std::vector<std::string> gathered;
     for (const auto& f : fsdp.flat_parameters())
-      EXPECT_FALSE(f.is_unsharded()) << f.name() << " still gathered after a no-grad forward";
-    EXPECT_NEAR(fsdp.loss(rows).item<double>(), want, 1e-5) << "with autograd recording";
+      if (f.is_unsharded()) gathered.push_back(f.name());
+    for (const auto& name : OBSERVE(gathered))
+      ADD_FAILURE() << name << " still gathered after a no-grad forward";
+    EXPECT_NEAR(OBSERVE(fsdp.loss(rows).item<double>()), want, 1e-5) << "with autograd recording";
   }
 }
 
@@ -152,15 +157,21 @@ TEST(GradeStateDict, ReplicatedUnitsAreListedWhole) {
   FullyShardedDataParallel fsdp(model, *comm, fc, adamw());
   GPT probe(cfg);
   auto named = probe->named_parameters();
+  // The root's entries (name, offset, values), observed as one list.
+  std::vector<std::pair<std::string, std::pair<int64_t, torch::Tensor>>> root;
+  for (const auto& e : fsdp.sharded_state_dict())
+    if (e.name.rfind("blocks.", 0) != 0) root.push_back({e.name, {e.offset, e.values}});
   int64_t root_elements = 0;
-  for (const auto& e : fsdp.sharded_state_dict()) {
-    if (e.name.rfind("blocks.", 0) == 0) continue;
-    EXPECT_EQ(e.offset, 0) << e.name;
-    EXPECT_EQ(e.values.numel(), named[e.name].numel()) << e.name << ": a NO_SHARD unit is whole on every rank";
-    DTL_EXPECT_EQUAL(e.values.reshape(named[e.name].sizes()), named[e.name].to(device()));
-    root_elements += e.values.numel();
+  for (const auto& [name, entry] : OBSERVE(root)) {
+    const auto& [offset, values] = entry;
+    const torch::Tensor* p = named.find(name);
+    ASSERT_NE(p, nullptr) << name << " is not a parameter of the model";
+    EXPECT_EQ(offset, 0) << name;
+    EXPECT_EQ(values.numel(), p->numel()) << name << ": a NO_SHARD unit is whole on every rank";
+    DTL_EXPECT_EQUAL(values.reshape(p->sizes()), p->to(device()));
+    root_elements += values.numel();
   }
-  EXPECT_EQ(root_elements, fsdp.unit_numels()[0]);
+  EXPECT_EQ(root_elements, OBSERVE(fsdp.unit_numels().at(0)));
 }
 
 }  // namespace

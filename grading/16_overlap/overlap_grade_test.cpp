@@ -19,7 +19,9 @@ using dtl::trace::Event;
 TEST(GradeTrace, OpenWindowsAndManyRanks) {
   std::vector<Event> evs = {ev(5, "compute", 0.010, 0.030), ev(5, "comm world", 0.000, 0.040),
                             ev(7, "comm world", 0.100, 0.101), ev(2, "compute", 0.5, 0.6)};
-  auto r = overlap_from_chrome(dtl::trace::chrome_json(evs), 0.020);  // from 20 ms to each end
+  const auto ranks =
+      overlap_from_chrome(dtl::trace::chrome_json(evs), 0.020);  // from 20 ms to each end
+  const auto r = observed(ranks);
   ASSERT_EQ(r.size(), 3u);
   EXPECT_EQ(r[0].rank, 2);
   EXPECT_EQ(r[1].rank, 5);
@@ -30,8 +32,8 @@ TEST(GradeTrace, OpenWindowsAndManyRanks) {
   EXPECT_NEAR(r[1].exposed_comm, 0.010, 1e-12);
   EXPECT_NEAR(r[2].comm, 0.001, 1e-12);
   EXPECT_NEAR(r[0].comm, 0.0, 1e-12);
-  EXPECT_TRUE(overlap_from_chrome(dtl::trace::chrome_json({})).empty());
-  const std::string report = dtl::lab16::overlap_report(r);
+  EXPECT_TRUE(OBSERVE(overlap_from_chrome(dtl::trace::chrome_json({})).empty()));
+  const std::string report = OBSERVE(dtl::lab16::overlap_report(ranks));
   EXPECT_NE(report.find('-'), std::string::npos) << "a rank without comm hides nothing: '-'\n" << report;
 }
 
@@ -40,7 +42,7 @@ TEST(GradeTrace, OpenWindowsAndManyRanks) {
 TEST(GradeTrace, AWindowAfterARanksEventsIsEmpty) {
   std::vector<Event> evs = {ev(0, "compute", 0.000, 0.010), ev(0, "comm world", 0.005, 0.020),
                             ev(1, "compute", 0.000, 0.050), ev(1, "comm world", 0.030, 0.060)};
-  const auto r = overlap_from_chrome(dtl::trace::chrome_json(evs), 0.040);
+  const auto r = observed(overlap_from_chrome(dtl::trace::chrome_json(evs), 0.040));
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].wall, 0.0) << "rank 0's events end at 20 ms, the window starts at 40";
   EXPECT_EQ(r[0].compute, 0.0);
@@ -54,7 +56,7 @@ TEST(GradeTrace, TouchingAndNestedIntervals) {
   std::vector<Event> evs = {ev(0, "compute", 0.0, 0.1), ev(0, "compute", 0.1, 0.2),
                             ev(0, "compute", 0.05, 0.06), ev(0, "comm a", 0.15, 0.25),
                             ev(0, "comm b", 0.25, 0.30)};
-  auto r = overlap_from_chrome(dtl::trace::chrome_json(evs));
+  auto r = observed(overlap_from_chrome(dtl::trace::chrome_json(evs)));
   ASSERT_EQ(r.size(), 1u);
   EXPECT_NEAR(r[0].compute, 0.2, 1e-12);
   EXPECT_NEAR(r[0].comm, 0.15, 1e-12);
@@ -64,15 +66,15 @@ TEST(GradeTrace, TouchingAndNestedIntervals) {
 
 TEST(GradeBucketModel, FirstBucketAndExposed) {
   BackwardProfile p = steady_profile(10, 1000, 0.100, 0.001, 1e-6);  // 1 ms per 1000 B
-  const auto small_first = bucket_timing(p, 1000, 5000);
-  const auto even = bucket_timing(p, 5000, 5000);
+  const auto small_first = observed(bucket_timing(p, 1000, 5000));
+  const auto even = observed(bucket_timing(p, 5000, 5000));
   EXPECT_EQ(small_first.buckets, 3);  // {9} then two of five... the rest: {8..4}, {3..0}
   EXPECT_EQ(even.buckets, 2);
   EXPECT_NEAR(small_first.exposed, small_first.total - p.backward, 1e-12);
   // The last bucket holds the gradient ready at the very end: 4 or 5 gradients after backward.
   EXPECT_NEAR(even.total, 0.100 + 0.001 + 0.005, 1e-9);
   EXPECT_NEAR(small_first.total, 0.100 + 0.001 + 0.004, 1e-9);
-  EXPECT_EQ(dtl::lab16::best_bucket_cap(p, {5000, 1000, 5000, 2000}), 1000);
+  EXPECT_EQ(OBSERVE(dtl::lab16::best_bucket_cap(p, {5000, 1000, 5000, 2000})), 1000);
 }
 
 TEST(GradeMatmul, OtherShapesDtypesAndStrides) {
@@ -87,7 +89,7 @@ TEST(GradeMatmul, OtherShapesDtypesAndStrides) {
     DTL_EXPECT_CLOSE(dtl::lab16::allgather_matmul(strided, w_t, *comm, overlap), pb.expected);
     const torch::Tensor y64 = dtl::lab16::allgather_matmul(pb.x_local.to(torch::kFloat64),
                                                           pb.weight.to(torch::kFloat64), *comm, overlap);
-    EXPECT_EQ(y64.scalar_type(), torch::kFloat64);
+    EXPECT_EQ(OBSERVE(y64.scalar_type()), torch::kFloat64);
     DTL_EXPECT_CLOSE(y64.to(torch::kFloat32), pb.expected);
   }
 }

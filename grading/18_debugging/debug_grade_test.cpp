@@ -49,16 +49,17 @@ TEST(GradeRecorder, CapacityOneAndCommsThatShareAName) {
   auto a = named_comm("twin"), b = named_comm("twin");
   FlightRecorder one(1);
   for (uint64_t s = 1; s <= 3; ++s) feed(one, *a, s, State::Completed, s);
-  ASSERT_EQ(one.entries().size(), 1u);
-  EXPECT_EQ(one.entries()[0].seq, 3u);
-  EXPECT_EQ(one.entries()[0].id, 2u);
-  EXPECT_EQ(one.dropped(), 2u);
+  const auto kept = observed(one.entries(), Source::kComputed);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].seq, 3u);
+  EXPECT_EQ(kept[0].id, 2u);
+  EXPECT_EQ(OBSERVE(one.dropped()), 2u);
   // A second Comm of the same name starts again at seq 1: an update goes to the newest entry.
   FlightRecorder fr(8);
   feed(fr, *a, 1, State::Started, 1.0);
   feed(fr, *b, 1, State::Issued, 2.0);
   fr.record(*b, op_record(1, OpType::AllReduce, State::Completed, 2.0));
-  const auto e = fr.entries();
+  const auto e = observed(fr.entries(), Source::kComputed);
   ASSERT_EQ(e.size(), 2u);
   EXPECT_EQ(e[0].state, "started");
   EXPECT_EQ(e[1].state, "completed");
@@ -90,9 +91,8 @@ TEST(GradeRecorder, ManyThreadsRecordWhileOneDumps) {
       }
     }
     for (auto& th : threads) th.join();
-    EXPECT_TRUE(dumps_ok);
+    EXPECT_TRUE(OBSERVE(dumps_ok));  // files the student's code wrote, read back
     const auto e = fr.entries();
-    ASSERT_EQ(e.size(), kAll);
     std::set<uint64_t> ids;
     std::set<std::pair<std::string, uint64_t>> ops;
     int64_t unfinished = 0;
@@ -101,9 +101,17 @@ TEST(GradeRecorder, ManyThreadsRecordWhileOneDumps) {
       ops.insert({x.comm, x.seq});
       unfinished += x.state != "completed";
     }
-    ASSERT_EQ(ids.size(), kAll) << "ids given twice (round " << round << ")";
-    ASSERT_EQ(ops.size(), kAll) << "ops lost or recorded twice (round " << round << ")";
-    ASSERT_EQ(unfinished, 0) << "updates lost (round " << round << ")";
+    // The counts, not the 80000 entries: observed as (entries, distinct ids, distinct ops,
+    // unfinished).
+    const auto counts = OBSERVE(
+        (std::vector<int64_t>{static_cast<int64_t>(e.size()), static_cast<int64_t>(ids.size()),
+                              static_cast<int64_t>(ops.size()), unfinished}));
+    ASSERT_EQ(counts.size(), 4u);
+    const auto all = static_cast<int64_t>(kAll);
+    ASSERT_EQ(counts[0], all);
+    ASSERT_EQ(counts[1], all) << "ids given twice (round " << round << ")";
+    ASSERT_EQ(counts[2], all) << "ops lost or recorded twice (round " << round << ")";
+    ASSERT_EQ(counts[3], 0) << "updates lost (round " << round << ")";
   }
 }
 
@@ -128,18 +136,19 @@ TEST(GradeWatchdog, GraceBoundsTheWaitForADeadRank) {
   round(1.6);
   round(1.7);
   round(3.4);  // grace not over: no report yet
-  EXPECT_FALSE(fs::exists(dir / "report.json")) << "the reporter must wait grace_s for a missing dump";
+  EXPECT_FALSE(observed_exists(dir / "report.json"))
+      << "the reporter must wait grace_s for a missing dump";
   comm->barrier();
   round(3.6);
-  ASSERT_TRUE(fs::exists(dir / "report.json"));
-  const json report = read_json(dir / "report.json");
+  ASSERT_TRUE(observed_exists(dir / "report.json"));
+  const json report = observed_json(dir / "report.json");
   ASSERT_FALSE(report["findings"].empty());
   const Finding f = report["findings"][0].get<Finding>();
   EXPECT_EQ(f.kind, "dead");
   EXPECT_EQ(f.ranks, std::vector<int>({n - 1}));
   EXPECT_EQ(f.seq, 1u);
   if (r == 0) {
-    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(OBSERVE(calls), 1);
   }
 }
 
@@ -157,12 +166,12 @@ TEST(GradeWatchdog, BackstopEndsTheRanksOfADeadReporter) {
   const double t = dtl::now_seconds();
   if (r != 0) {
     wd.poll(t);
-    EXPECT_TRUE(wd.dumped());
+    EXPECT_TRUE(OBSERVE(wd.dumped()));
     wd.poll(t + 2.9);
-    EXPECT_EQ(calls, 0) << "3 x grace_s have not passed";
+    EXPECT_EQ(OBSERVE(calls), 0) << "3 x grace_s have not passed";
     wd.poll(t + 3.2);
-    EXPECT_EQ(calls, 1) << "no report 3 x grace_s after the dump: end";
-    EXPECT_TRUE(wd.ended());
+    EXPECT_EQ(OBSERVE(calls), 1) << "no report 3 x grace_s after the dump: end";
+    EXPECT_TRUE(OBSERVE(wd.ended()));
   }
   comm->barrier();
 }
@@ -178,11 +187,11 @@ TEST(GradeWatchdog, RanksTimingOutTogetherElectOneReporter) {
   comm->barrier();
   wd.poll(t0 + 2);
   comm->barrier();
-  const auto reporters = gather_ints(*comm, wd.reporter() ? 1 : 0);
+  const auto reporters = OBSERVE(gather_ints(*comm, wd.reporter() ? 1 : 0));
   EXPECT_EQ(std::accumulate(reporters.begin(), reporters.end(), int64_t{0}), 1);
-  const json trigger = read_json(dir / "trigger");
+  const json trigger = observed_json(dir / "trigger");
   ASSERT_TRUE(trigger.is_object());
-  EXPECT_EQ(reporters[trigger["rank"].get<int>()], 1);
+  EXPECT_EQ(reporters.at(static_cast<size_t>(trigger["rank"].get<int>())), 1);
 }
 
 // An op that was issued and never started (queued behind a stuck one) is overdue too, from its
@@ -196,8 +205,8 @@ TEST(GradeWatchdog, TheOldestOverdueOpIsTheReason) {
   feed(fr, *comm, 2, State::Started, t0 + 0.2);
   Watchdog wd(fr, manual(dir.path(), 1, 5, [](int) {}));
   wd.poll(t0 + 1.5);
-  EXPECT_TRUE(wd.dumped());
-  const json mine = read_json(dir / ("rank-" + std::to_string(dtl::world().rank()) + ".json"));
+  EXPECT_TRUE(OBSERVE(wd.dumped()));
+  const json mine = observed_json(dir / ("rank-" + std::to_string(dtl::world().rank()) + ".json"));
   const std::string reason = mine.value("reason", "");
   EXPECT_THAT(reason, ::testing::HasSubstr("all_reduce #1 on comm 'gwd-queue'"));
   comm->barrier();
@@ -307,15 +316,12 @@ Fingerprint fingerprint(OpType op, uint64_t seq, std::vector<int64_t> shape, int
   return f;
 }
 
-// The error of cc.check(mine) on this rank ("" if none).
-std::string desync_of(CheckedComm& cc, const Fingerprint& mine, Finding* finding = nullptr) {
-  try {
-    cc.check(mine);
-  } catch (const DesyncError& e) {
-    if (finding) *finding = e.finding;
-    return e.what();
-  }
-  return "";
+// The error of cc.check(mine) on this rank ("" if none), observed; its finding into *finding.
+std::string desync_of(CheckedComm& cc, const Fingerprint& mine, Finding* finding = nullptr,
+                      const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  const Raised e = raised_by<DesyncError>([&] { cc.check(mine); }, file, line);
+  if (finding && e.raised) *finding = e.finding;
+  return e.raised ? e.message : "";
 }
 
 TEST(GradeDesync, RootsReductionsDtypesAndSeqsAreChecked) {
@@ -374,18 +380,18 @@ TEST(GradeNonFinite, LowestRankOnASubCommAndActivations) {
   NamedTensors t = {{"x", torch::ones({4}, f)}, {"y", torch::ones({4}, f)}};
   if (r >= 1) t[r % 2].second[1] = std::numeric_limits<float>::infinity();
   if (n >= 2) {
-    try {
-      check_finite(*world, t, 11, "activation");
+    const Raised e = raised_by<NonFiniteError>([&] { check_finite(*world, t, 11, "activation"); });
+    if (!e.raised) {
       ADD_FAILURE() << "no NonFiniteError";
-    } catch (const NonFiniteError& e) {
+    } else {
       EXPECT_EQ(e.finding.ranks, std::vector<int>({1}));
       EXPECT_EQ(e.finding.name, "y");
-      EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("non-finite activation 'y'"));
-      EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("1 of 4"));
+      EXPECT_THAT(e.message, ::testing::HasSubstr("non-finite activation 'y'"));
+      EXPECT_THAT(e.message, ::testing::HasSubstr("1 of 4"));
       std::vector<int> later;
       for (int k = 2; k < n; ++k) later.push_back(k);
       if (!later.empty()) {
-        EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr(format_ranks(later)));
+        EXPECT_THAT(e.message, ::testing::HasSubstr(format_ranks(later)));
       }
     }
   }
@@ -395,12 +401,11 @@ TEST(GradeNonFinite, LowestRankOnASubCommAndActivations) {
     NamedTensors u = {{"z", torch::ones({2}, f)}};
     const int last_odd = n % 2 == 0 ? n - 1 : n - 2;
     if (r == last_odd) u[0].second[0] = std::nan("");
-    try {
-      check_finite(*odd, u, 1, "gradient");
+    const Raised e = raised_by<NonFiniteError>([&] { check_finite(*odd, u, 1, "gradient"); });
+    if (!e.raised)
       ADD_FAILURE() << "no NonFiniteError";
-    } catch (const NonFiniteError& e) {
+    else
       EXPECT_EQ(e.finding.ranks, std::vector<int>({last_odd}));
-    }
   }
   world->barrier();
 }
@@ -415,21 +420,23 @@ TEST(GradeOom, SharedStoragesCountOnce) {
   NamedTensors params = {{"wte.weight", w}, {"lm_head.weight", w}, {"bias", b}};
   NamedTensors state = {{"w.exp_avg", torch::zeros({64, 32})}, {"alias", w.detach().view({-1})}};
   dtl::memory::set_limit(dtl::memory::current_bytes() + 64);
-  std::optional<OomReport> rep;
+  std::optional<OomReport> raw;
   try {
     torch::Tensor big = torch::empty({4096});
   } catch (const dtl::OutOfMemory& e) {
     dtl::memory::set_limit(0);
-    rep = oom_report(e, params, state, 9, "backward", 10);
+    raw = oom_report(e, params, state, 9, "backward", 10);
   }
   dtl::memory::set_limit(0);
-  ASSERT_TRUE(rep.has_value());
+  ASSERT_TRUE(OBSERVE(raw.has_value()));
+  const std::optional<OomReport> rep = observed(raw.value_or(OomReport{}));
   EXPECT_EQ(rep->parameters, 64 * 32 * 4 + 32 * 4);
   EXPECT_EQ(rep->gradients, 64 * 32 * 4) << "the second name's .grad is the same tensor";
   EXPECT_EQ(rep->optimizer_state, 64 * 32 * 4) << "the alias is a parameter's storage, counted already";
   EXPECT_LE(rep->largest.size(), 10u);
+  ASSERT_FALSE(rep->largest.empty());
   EXPECT_EQ(rep->largest.front().second, 64 * 32 * 4);
-  const Finding f = rep->finding();
+  const Finding f = observed(raw.value_or(OomReport{}).finding());
   EXPECT_EQ(f.step, 9);
   EXPECT_EQ(f.name, "backward");
   EXPECT_THAT(f.message, ::testing::HasSubstr("backward"));

@@ -27,47 +27,47 @@ constexpr auto HYBRID = ShardingStrategy::HYBRID_SHARD;
 // P = 12, 8, 12.
 TEST(Formulas, StepTrafficPerStrategy) {
   const std::vector<int64_t> n = {10, 7, 9};
-  auto t = step_traffic(n, {FULL, FULL, FULL}, 4, 4);
+  auto t = observed(step_traffic(n, {FULL, FULL, FULL}, 4, 4));
   EXPECT_EQ(t.all_gather, 4 * (12 + 2 * 8 + 2 * 12));  // the root once, the others twice
   EXPECT_EQ(t.reduce_scatter, 4 * (12 + 8 + 12));
   EXPECT_EQ(t.all_reduce, 0);
-  t = step_traffic(n, {SGO, SGO, SGO}, 4, 4);
+  t = observed(step_traffic(n, {SGO, SGO, SGO}, 4, 4));
   EXPECT_EQ(t.all_gather, 4 * (12 + 8 + 12));  // kept from forward to backward: once each
   EXPECT_EQ(t.reduce_scatter, 4 * (12 + 8 + 12));
-  t = step_traffic(n, {NO, NO, NO}, 1, 4);
+  t = observed(step_traffic(n, {NO, NO, NO}, 1, 4));
   EXPECT_EQ(t.all_gather + t.reduce_scatter, 0);
   EXPECT_EQ(t.all_reduce, 4 * 26);
   // Hybrid, 2 nodes of 2: shard over 2 (S = 5, 4, 5; P = 10, 8, 10), all-reduce S across.
-  t = step_traffic(n, {HYBRID, HYBRID, HYBRID}, 2, 4);
+  t = observed(step_traffic(n, {HYBRID, HYBRID, HYBRID}, 2, 4));
   EXPECT_EQ(t.all_gather, 4 * (10 + 2 * 8 + 2 * 10));
   EXPECT_EQ(t.reduce_scatter, 4 * (10 + 8 + 10));
   EXPECT_EQ(t.all_reduce, 4 * (5 + 4 + 5));
   // A replicated root in a sharded model.
-  t = step_traffic(n, {NO, FULL, FULL}, 4, 4);
+  t = observed(step_traffic(n, {NO, FULL, FULL}, 4, 4));
   EXPECT_EQ(t.all_gather, 4 * (2 * 8 + 2 * 12));
   EXPECT_EQ(t.all_reduce, 4 * 10);
   // One rank: nothing to send.
-  EXPECT_EQ(step_traffic(n, {FULL, FULL, FULL}, 1, 1).total(), 0);
-  EXPECT_EQ(step_traffic(n, {NO, NO, NO}, 1, 1).total(), 0);
+  EXPECT_EQ(observed(step_traffic(n, {FULL, FULL, FULL}, 1, 1)).total(), 0);
+  EXPECT_EQ(observed(step_traffic(n, {NO, NO, NO}, 1, 1)).total(), 0);
 }
 
 TEST(Formulas, ParamBytesPerStrategy) {
   const std::vector<int64_t> n = {10, 7, 9, 5};  // over 4 ranks: S = 3, 2, 3, 2; P = 12, 8, 12, 8
-  auto b = param_bytes(n, {FULL, FULL, FULL, FULL}, 4, 4, /*prefetch=*/false);
+  auto b = observed(param_bytes(n, {FULL, FULL, FULL, FULL}, 4, 4, /*prefetch=*/false));
   EXPECT_EQ(b.sharded, 4 * 10);
   EXPECT_EQ(b.unsharded, 4 * (12 + 12));  // the root + the largest unit
-  b = param_bytes(n, {FULL, FULL, FULL, FULL}, 4, 4, /*prefetch=*/true);
+  b = observed(param_bytes(n, {FULL, FULL, FULL, FULL}, 4, 4, /*prefetch=*/true));
   EXPECT_EQ(b.unsharded, 4 * (12 + 8 + 12));  // the root + the largest adjacent pair
-  b = param_bytes(n, {FULL, FULL, FULL, FULL}, 4, 4, /*prefetch=*/true, /*limit=*/1);
+  b = observed(param_bytes(n, {FULL, FULL, FULL, FULL}, 4, 4, /*prefetch=*/true, /*limit=*/1));
   EXPECT_EQ(b.unsharded, 4 * (12 + 12));  // a limit of one unit: no prefetch can happen
-  b = param_bytes(n, {FULL, FULL, FULL, FULL}, 4, 4, /*prefetch=*/true, /*limit=*/0);
+  b = observed(param_bytes(n, {FULL, FULL, FULL, FULL}, 4, 4, /*prefetch=*/true, /*limit=*/0));
   EXPECT_EQ(b.unsharded, 4 * (12 + 8 + 12));
-  b = param_bytes(n, {SGO, SGO, SGO, SGO}, 4, 4, true);
+  b = observed(param_bytes(n, {SGO, SGO, SGO, SGO}, 4, 4, true));
   EXPECT_EQ(b.unsharded, 4 * (12 + 8 + 12 + 8));  // everything by the end of forward
-  b = param_bytes(n, {NO, NO, NO, NO}, 1, 4, true);
+  b = observed(param_bytes(n, {NO, NO, NO, NO}, 1, 4, true));
   EXPECT_EQ(b.sharded, 4 * 31);
   EXPECT_EQ(b.unsharded, 0);
-  b = param_bytes(n, {NO, FULL, FULL, FULL}, 4, 4, true, 2, /*element_bytes=*/2);
+  b = observed(param_bytes(n, {NO, FULL, FULL, FULL}, 4, 4, true, 2, /*element_bytes=*/2));
   EXPECT_EQ(b.sharded, 2 * (10 + 7));
   EXPECT_EQ(b.unsharded, 2 * (8 + 12));
 }
@@ -82,7 +82,7 @@ TEST(Formulas, BadArgumentsAreNamed) {
 
 TEST(Policies, TransformerPolicyWrapsEachBlock) {
   GPT model(config(3));
-  const auto units = transformer_policy(model);
+  const auto units = observed(transformer_policy(model));
   ASSERT_EQ(units.size(), 3u);
   auto named = model->named_parameters();
   for (size_t b = 0; b < 3; ++b) {
@@ -97,23 +97,28 @@ TEST(Policies, TransformerPolicyWrapsEachBlock) {
 TEST(Policies, SizeBasedPolicyGroupsConsecutiveBlocks) {
   GPT model(config(5));
   const int64_t block = dtl::unit_numels(model)[1];
-  auto units = size_based_policy(model, block + 1);  // two blocks reach it, one does not
+  const auto policy = size_based_policy(model, block + 1);  // two blocks reach it, one does not
+  const auto units = observed(policy);
   ASSERT_EQ(units.size(), 3u);
   EXPECT_EQ(units[0].name, "blocks.0-1");
   EXPECT_EQ(units[1].name, "blocks.2-3");
   EXPECT_EQ(units[2].name, "blocks.4");  // what is left
-  EXPECT_EQ(dtl::unit_numels(model, units), (std::vector<int64_t>{2 * block, 2 * block, block}));
-  EXPECT_EQ(size_based_policy(model, 1).size(), 5u);
-  EXPECT_EQ(size_based_policy(model, 1)[0].name, "blocks.0") << "a unit of one block";
+  EXPECT_EQ(OBSERVE(dtl::unit_numels(model, policy)),
+            (std::vector<int64_t>{2 * block, 2 * block, block}));
+  const auto ones = observed(size_based_policy(model, 1));
+  EXPECT_EQ(ones.size(), 5u);
+  ASSERT_FALSE(ones.empty());
+  EXPECT_EQ(ones[0].name, "blocks.0") << "a unit of one block";
   // "At least": a group that reaches min_numel exactly is complete.
-  auto exact = size_based_policy(model, block);
+  auto exact = observed(size_based_policy(model, block));
   ASSERT_EQ(exact.size(), 5u) << "one block holds exactly min_numel = " << block << " elements";
   EXPECT_EQ(exact[4].name, "blocks.4");
-  exact = size_based_policy(model, 2 * block);
+  exact = observed(size_based_policy(model, 2 * block));
   ASSERT_EQ(exact.size(), 3u);
   EXPECT_EQ(exact[0].name, "blocks.0-1");
-  ASSERT_EQ(size_based_policy(model, 1'000'000'000).size(), 1u);
-  EXPECT_EQ(size_based_policy(model, 1'000'000'000)[0].name, "blocks.0-4");
+  const auto all = observed(size_based_policy(model, 1'000'000'000));
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].name, "blocks.0-4");
   expect_error_mentions([&] { size_based_policy(model, 0); }, "min_numel");
 }
 
@@ -132,34 +137,41 @@ TEST(FlatParam, LayoutShardAndPieces) {
   const torch::Tensor concat = torch::cat(values);
   FlatParameter f("unit", {"a", "b", "c"}, params, world, rank);
   const int64_t S = (24 + world - 1) / world;
-  EXPECT_EQ(f.numel(), 24);
-  EXPECT_EQ(f.shard_numel(), S);
-  EXPECT_EQ(f.padded_numel(), world * S);
-  ASSERT_TRUE(f.is_unsharded());
+  EXPECT_EQ(OBSERVE(f.numel()), 24);
+  EXPECT_EQ(OBSERVE(f.shard_numel()), S);
+  EXPECT_EQ(OBSERVE(f.padded_numel()), world * S);
+  ASSERT_TRUE(OBSERVE(f.is_unsharded()));
   DTL_EXPECT_EQUAL(f.full().narrow(0, 0, 24), concat);
   if (world * S > 24) {
-    EXPECT_EQ(f.full().narrow(0, 24, world * S - 24).abs().sum().item<double>(), 0.0) << "padding";
+    EXPECT_EQ(OBSERVE(f.full().narrow(0, 24, world * S - 24).abs().sum().item<double>()), 0.0)
+        << "padding";
   }
   // This rank's shard: its slice of the padded buffer, in memory of its own.
   DTL_EXPECT_EQUAL(f.shard().detach(), f.full().narrow(0, rank * S, S));
-  EXPECT_TRUE(f.shard().is_leaf() && f.shard().requires_grad());
-  EXPECT_NE(f.shard().data_ptr(), f.full().narrow(0, rank * S, S).data_ptr());
+  EXPECT_TRUE(OBSERVE(f.shard().is_leaf() && f.shard().requires_grad()));
+  EXPECT_TRUE(OBSERVE(f.shard().data_ptr() != f.full().narrow(0, rank * S, S).data_ptr()));
   // The parameters compute with full()'s memory: writing one writes the other.
   {
     torch::NoGradGuard no_grad;
     f.full().narrow(0, 12, 5).fill_(42);
   }
-  EXPECT_EQ(params[1].detach().sum().item<double>(), 42.0 * 5) << "parameters must be views of full()";
-  EXPECT_EQ(params[0].sizes(), torch::IntArrayRef({3, 4}));
+  EXPECT_EQ(OBSERVE(params[1].detach().sum().item<double>()), 42.0 * 5)
+      << "parameters must be views of full()";
+  EXPECT_EQ(OBSERVE(params[0].sizes().vec()), (std::vector<int64_t>{3, 4}));
   // Pieces: exactly the shard's elements that belong to a parameter, in order, sharing its memory.
+  // Observed as one list (tests util: observed_pieces); the shard they must match is this run's.
+  const torch::Tensor shard = f.shard().detach();
   int64_t covered = 0;
-  for (const auto& piece : f.pieces()) {
+  for (const auto& piece : observed_pieces(f)) {
     ASSERT_GT(piece.numel, 0);
+    ASSERT_TRUE(piece.param >= 0 && piece.param < 3) << "piece of parameter " << piece.param;
+    ASSERT_TRUE(piece.shard_offset >= 0 && piece.shard_offset + piece.numel <= shard.numel())
+        << "piece [" << piece.shard_offset << ", +" << piece.numel << ") outside the shard";
     const int64_t param_start = std::vector<int64_t>{0, 12, 17}[piece.param];
     EXPECT_EQ(piece.shard_offset, param_start + piece.param_offset - rank * S);
-    DTL_EXPECT_EQUAL(piece.view.detach(), f.shard().detach().narrow(0, piece.shard_offset, piece.numel));
-    EXPECT_TRUE(piece.view.is_leaf() && piece.view.requires_grad());
-    EXPECT_EQ(piece.view.data_ptr<float>(), f.shard().data_ptr<float>() + piece.shard_offset)
+    DTL_EXPECT_EQUAL(piece.view, shard.narrow(0, piece.shard_offset, piece.numel));
+    EXPECT_TRUE(piece.leaf_requires_grad);
+    EXPECT_TRUE(piece.shares_shard)
         << "a piece must share the shard's memory (AdamW writes the shard through it)";
     covered += piece.numel;
   }
@@ -174,25 +186,26 @@ TEST(FlatParam, ReleaseKeepsShapesAndTheShard) {
   FlatParameter f("unit", {"w", "b"}, params, world, rank);
   const torch::Tensor shard_before = f.shard().detach().clone();
   f.release();
-  EXPECT_FALSE(f.is_unsharded());
-  EXPECT_FALSE(dtl::has_storage(params[0])) << "release() must free the parameters' memory";
-  EXPECT_EQ(params[0].sizes(), torch::IntArrayRef({4, 3}));
+  EXPECT_FALSE(OBSERVE(f.is_unsharded()));
+  EXPECT_FALSE(OBSERVE(dtl::has_storage(params[0])))
+      << "release() must free the parameters' memory";
+  EXPECT_EQ(OBSERVE(params[0].sizes().vec()), (std::vector<int64_t>{4, 3}));
   DTL_EXPECT_EQUAL(f.shard().detach(), shard_before);
   f.allocate();
-  EXPECT_TRUE(f.is_unsharded());
-  EXPECT_TRUE(dtl::has_storage(params[1]));
-  EXPECT_EQ(params[1].sizes(), torch::IntArrayRef({5}));
+  EXPECT_TRUE(OBSERVE(f.is_unsharded()));
+  EXPECT_TRUE(OBSERVE(dtl::has_storage(params[1])));
+  EXPECT_EQ(OBSERVE(params[1].sizes().vec()), (std::vector<int64_t>{5}));
 }
 
 TEST(FlatParam, KeepFullIsTheShard) {
   std::vector<torch::Tensor> params = {torch::ones({2, 2}).to(device()).requires_grad_(),
                                        torch::ones({3}).to(device()).requires_grad_()};
   FlatParameter f("root", {"w", "b"}, params, 1, 0, /*keep_full=*/true);
-  EXPECT_EQ(f.shard_numel(), 7);
-  EXPECT_EQ(f.shard().data_ptr(), f.full().data_ptr()) << "NO_SHARD: one memory";
+  EXPECT_EQ(OBSERVE(f.shard_numel()), 7);
+  EXPECT_TRUE(OBSERVE(f.shard().data_ptr() == f.full().data_ptr())) << "NO_SHARD: one memory";
   f.release();
-  EXPECT_TRUE(f.is_unsharded()) << "a kept-full unit is never released";
-  EXPECT_EQ(f.pieces().size(), 2u);
+  EXPECT_TRUE(OBSERVE(f.is_unsharded())) << "a kept-full unit is never released";
+  EXPECT_EQ(OBSERVE(f.pieces().size()), 2u);
 }
 
 // ---------------------------------------------------------------- Task 4: FULL_SHARD
@@ -247,19 +260,36 @@ TEST(Fsdp, UnitsAreReleasedAndGradientsSharded) {
   model->to(device());
   FullyShardedDataParallel fsdp(model, *comm, {}, adamw());
   const auto& flats = fsdp.flat_parameters();
-  ASSERT_EQ(fsdp.units().size(), 4u);
-  EXPECT_EQ(fsdp.units()[0].name, "root");
-  for (size_t u = 0; u < flats.size(); ++u) EXPECT_FALSE(flats[u].is_unsharded()) << "after construction";
+  ASSERT_EQ(OBSERVE(fsdp.units().size()), 4u);
+  EXPECT_EQ(OBSERVE(fsdp.units()[0].name), "root");
+  // Whether each unit is gathered, observed as one list (a bool per FlatParameter, in order).
+  auto unsharded = [&] {
+    std::vector<bool> out;
+    for (const auto& f : flats) out.push_back(f.is_unsharded());
+    return out;
+  };
+  auto name = [&](size_t u) {
+    return u < fsdp.units().size() ? fsdp.units()[u].name : "unit " + std::to_string(u);
+  };
+  const auto constructed = OBSERVE(unsharded());
+  for (size_t u = 0; u < constructed.size(); ++u)
+    EXPECT_FALSE(constructed[u]) << "after construction";
   torch::Tensor loss = fsdp.loss(my_rows(data.sampler, 0, *comm));
-  EXPECT_TRUE(flats[0].is_unsharded()) << "the root stays gathered until its backward";
-  for (size_t u = 1; u < flats.size(); ++u)
-    EXPECT_FALSE(flats[u].is_unsharded()) << "FULL_SHARD frees " << fsdp.units()[u].name << " after forward";
+  const auto forward = OBSERVE(unsharded());
+  ASSERT_FALSE(forward.empty());
+  EXPECT_TRUE(forward[0]) << "the root stays gathered until its backward";
+  for (size_t u = 1; u < forward.size(); ++u)
+    EXPECT_FALSE(forward[u]) << "FULL_SHARD frees " << name(u) << " after forward";
   loss.backward();
-  for (size_t u = 0; u < flats.size(); ++u) {
-    EXPECT_FALSE(flats[u].is_unsharded()) << fsdp.units()[u].name << " after backward";
-    ASSERT_TRUE(flats[u].shard().grad().defined()) << fsdp.units()[u].name;
-    EXPECT_EQ(flats[u].shard().grad().numel(), flats[u].shard_numel());
-    for (const auto& p : flats[u].params()) EXPECT_FALSE(p.grad().defined()) << "a full gradient survived";
+  const auto backward = OBSERVE(unsharded());
+  for (size_t u = 0; u < backward.size(); ++u) {
+    EXPECT_FALSE(backward[u]) << name(u) << " after backward";
+    const FlatParameter& f = flats.at(u);
+    ASSERT_TRUE(OBSERVE(f.shard().grad().defined())) << name(u);
+    EXPECT_EQ(OBSERVE(f.shard().grad().numel()), OBSERVE(f.shard_numel()));
+    bool full_grad = false;
+    for (const auto& p : f.params()) full_grad = full_grad || p.grad().defined();
+    EXPECT_FALSE(OBSERVE(full_grad)) << "a full gradient survived";
   }
 }
 
@@ -295,21 +325,18 @@ TEST(Fsdp, TrafficMatchesTheFormula) {
     fsdp_step(fsdp, my_rows(data.sampler, 0, *comm));
     const int shard = fc.strategy == ShardingStrategy::HYBRID_SHARD ? fc.ranks_per_node
                       : fc.strategy == ShardingStrategy::NO_SHARD   ? 1 : world;
-    const auto want = step_traffic(fsdp.unit_numels(), fsdp.strategies(), shard, world);
-    const auto got = counted(fsdp);
+    const auto want = observed(step_traffic(fsdp.unit_numels(), fsdp.strategies(), shard, world));
+    const WrapperStats stats = measured_stats(fsdp);
+    const auto got = counted(stats);
     const std::string what = std::string(dtl::lab15::to_string(fc.strategy)) + " on " + std::to_string(world);
     EXPECT_EQ(got.all_gather, want.all_gather) << what;
     EXPECT_EQ(got.reduce_scatter, want.reduce_scatter) << what;
     EXPECT_EQ(got.all_reduce, want.all_reduce) << what;
-    int64_t ops = fsdp.shard_comm().stats().total_count();
-    if (fsdp.replicate_comm() && fsdp.replicate_comm() != &fsdp.shard_comm())
-      ops += fsdp.replicate_comm()->stats().total_count();
-    const auto st = fsdp.shard_comm().stats();
-    int64_t expected_ops = st[OpType::AllGather].count + st[OpType::ReduceScatter].count + st[OpType::AllReduce].count;
-    if (fsdp.replicate_comm() && fsdp.replicate_comm() != &fsdp.shard_comm()) {
-      const auto rs = fsdp.replicate_comm()->stats();
-      expected_ops += rs[OpType::AllGather].count + rs[OpType::ReduceScatter].count + rs[OpType::AllReduce].count;
-    }
+    const int64_t ops = stats.total_count();
+    int64_t expected_ops = 0;
+    for (const dtl::CommStats* st : {&stats.shard, &stats.replicate})
+      expected_ops += (*st)[OpType::AllGather].count + (*st)[OpType::ReduceScatter].count +
+                      (*st)[OpType::AllReduce].count;
     EXPECT_EQ(ops, expected_ops) << what << ": only all-gathers, reduce-scatters and all-reduces";
   }
 }
@@ -329,7 +356,7 @@ TEST(Fsdp, HybridSendsLessAcrossNodes) {
     model->to(device());
     FullyShardedDataParallel fsdp(model, *comm, fc, adamw());
     fsdp_step(fsdp, my_rows(data.sampler, 0, *comm));
-    across[k++] = inter_node_wire_bytes(fsdp, 2);
+    across[k++] = MEASURED(inter_node_wire_bytes(fsdp, 2));
   }
   EXPECT_GT(across[0], 0);
   EXPECT_LT(across[1], 0.5 * across[0]) << "HYBRID_SHARD must send less than half of FULL_SHARD's "
@@ -354,7 +381,7 @@ TEST(Prefetch, ChangesNothingButTiming) {
     for (int s = 0; s < 2; ++s) fsdp_step(fsdp, my_rows(data.sampler, s, *comm));
     results.push_back(fsdp.full_parameters());
   }
-  DTL_EXPECT_EQUAL(results[1], results[0]);
+  DTL_EXPECT_EQUAL(results[1], OBSERVE(results[0]));  // both the code's: compared with each other
 }
 
 // During backward at most one unit besides the root is gathered without prefetch, two with
@@ -374,8 +401,9 @@ TEST(Prefetch, BackwardPrefetchGathersOneUnitAhead) {
     FullyShardedDataParallel fsdp(model, *comm, fc, adamw());
     GatheredDuringBackward probe(fsdp);
     fsdp.loss(my_rows(data.sampler, 0, *comm)).backward();
-    EXPECT_EQ(probe.most, c.most) << "units gathered at once in backward (root aside), prefetch "
-                                  << (c.prefetch == BackwardPrefetch::NONE ? "off" : "on") << ", limit " << c.limit;
+    EXPECT_EQ(OBSERVE(probe.most), c.most)
+        << "units gathered at once in backward (root aside), prefetch "
+        << (c.prefetch == BackwardPrefetch::NONE ? "off" : "on") << ", limit " << c.limit;
   }
 }
 
@@ -391,8 +419,8 @@ TEST(Prefetch, ForwardPeakMatchesParamBytes) {
     GPT model(cfg);
     FullyShardedDataParallel fsdp(model, *comm, fc, adamw());
     std::vector<ShardingStrategy> all(fsdp.units().size(), ShardingStrategy::FULL_SHARD);
-    const int64_t want = param_bytes(fsdp.unit_numels(), all, world, world, on).unsharded;
-    const int64_t got = forward_peak_bytes(fsdp, cfg);
+    const int64_t want = OBSERVE(param_bytes(fsdp.unit_numels(), all, world, world, on).unsharded);
+    const int64_t got = MEASURED(forward_peak_bytes(fsdp, cfg));
     EXPECT_NEAR(static_cast<double>(got), static_cast<double>(want), 0.05 * want)
         << "forward_prefetch " << on << " on " << world << " ranks: measured " << got
         << " B above the shards, param_bytes says " << want << " B";
@@ -411,7 +439,11 @@ TEST(StateDict, FullStateDictOnRankZero) {
   FullyShardedDataParallel fsdp(model, *comm, {}, adamw());
   fsdp_step(fsdp, my_rows(data.sampler, 0, *comm));
   const torch::Tensor flat = fsdp.full_parameters();
-  const auto sd = fsdp.full_state_dict();
+  // Observed whole (name -> tensor): the checks below read the code's state dict.
+  const auto sd = OBSERVE(fsdp.full_state_dict());
+  std::vector<std::string> gathered;  // units still gathered afterwards
+  for (const auto& f : fsdp.flat_parameters())
+    if (f.is_unsharded()) gathered.push_back(f.name());
   if (comm->rank() != 0) {
     EXPECT_TRUE(sd.empty()) << "only rank 0 gets the full state dict";
     return;
@@ -424,8 +456,10 @@ TEST(StateDict, FullStateDictOnRankZero) {
     EXPECT_EQ(sd.at(item.key()).sizes(), item.value().sizes()) << item.key();
     values.push_back(sd.at(item.key()).reshape({-1}));
   }
-  DTL_EXPECT_EQUAL(torch::cat(values), flat);
-  for (const auto& f : fsdp.flat_parameters()) EXPECT_FALSE(f.is_unsharded()) << "released again";
+  // Both the code's: its state dict against its own full_parameters().
+  DTL_EXPECT_EQUAL(torch::cat(values), OBSERVE(flat));
+  for (const auto& name : OBSERVE(gathered))
+    ADD_FAILURE() << name << " still gathered: released again";
 }
 
 // Every rank's pieces, gathered: each parameter covered exactly once per replica, with the
@@ -447,18 +481,22 @@ TEST(StateDict, ShardedPiecesCoverEveryParameter) {
   for (const auto& item : probe->named_parameters()) {
     torch::Tensor values = torch::zeros({item.value().numel()}, dtl::testing::device_options());
     torch::Tensor count = torch::zeros({item.value().numel()}, dtl::testing::device_options());
+    std::vector<std::vector<int64_t>> shapes;  // the global shape of each of this rank's pieces
     for (const auto& e : sd) {
       if (e.name != item.key()) continue;
-      EXPECT_EQ(e.global_shape, item.value().sizes().vec());
+      shapes.push_back(e.global_shape);
       values.narrow(0, e.offset, e.values.numel()).copy_(e.values);
       count.narrow(0, e.offset, e.values.numel()).add_(1);
     }
+    for (const auto& shape : OBSERVE(shapes)) EXPECT_EQ(shape, item.value().sizes().vec());
     comm->all_reduce(values);
     comm->all_reduce(count);
-    EXPECT_EQ(count.min().item<double>(), 1.0) << item.key() << ": an element in no shard or in two";
-    EXPECT_EQ(count.max().item<double>(), 1.0) << item.key();
+    EXPECT_EQ(OBSERVE(count.min().item<double>()), 1.0)
+        << item.key() << ": an element in no shard or in two";
+    EXPECT_EQ(OBSERVE(count.max().item<double>()), 1.0) << item.key();
     if (comm->rank() == 0) {
-      DTL_EXPECT_EQUAL(values, full.at(item.key()).reshape({-1}));
+      // Both the code's: the pieces against its own full state dict.
+      DTL_EXPECT_EQUAL(values, OBSERVE(full.at(item.key()).reshape({-1})));
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,79 @@ using dtl::lab15::GPTConfig;
 using dtl::lab15::ShardingStrategy;
 using dtl::testing::device;
 using dtl::testing::fresh_comm;
+
+// The formulas' results from the code under test, observed (dtl/harness/observe.hpp) as one
+// list of their fields: in the autograder's split run the assertions on them are checked on the
+// student's numbers.
+inline void observe_fields(const char* what, std::initializer_list<int64_t*> fields,
+                           const char* file, int line) {
+  std::vector<int64_t> v;
+  for (const int64_t* f : fields) v.push_back(*f);
+  v = dtl::testing::observe(std::move(v), what, dtl::testing::Source::kComputed, file, line);
+  if (v.size() != fields.size()) {
+    ADD_FAILURE_AT(file, line) << what << ": " << v.size() << " fields recorded";
+    return;
+  }
+  size_t i = 0;
+  for (int64_t* f : fields) *f = v[i++];
+}
+inline dtl::lab15::StepTraffic observed(dtl::lab15::StepTraffic t,
+                                        const char* file = __builtin_FILE(),
+                                        int line = __builtin_LINE()) {
+  observe_fields("StepTraffic (all_gather, reduce_scatter, all_reduce)",
+                 {&t.all_gather, &t.reduce_scatter, &t.all_reduce}, file, line);
+  return t;
+}
+inline dtl::lab15::ParamBytes observed(dtl::lab15::ParamBytes b,
+                                       const char* file = __builtin_FILE(),
+                                       int line = __builtin_LINE()) {
+  observe_fields("ParamBytes (sharded, unsharded)", {&b.sharded, &b.unsharded}, file, line);
+  return b;
+}
+// A wrap policy's units as the student's code defines them, observed: names and parameter names.
+inline std::vector<dtl::Unit> observed(const std::vector<dtl::Unit>& units,
+                                       const char* file = __builtin_FILE(),
+                                       int line = __builtin_LINE()) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> pairs;
+  for (const dtl::Unit& u : units) pairs.emplace_back(u.name, u.params);
+  pairs = dtl::testing::observe(std::move(pairs), "the units (name, parameters)",
+                                dtl::testing::Source::kComputed, file, line);
+  std::vector<dtl::Unit> out;
+  for (auto& [name, params] : pairs) out.push_back(dtl::Unit{name, params});
+  return out;
+}
+
+// A FlatParameter's pieces as the student's code cut them, observed as one list: the layout,
+// the values, and the two properties the tests assert on (computed where the pieces live).
+struct ObservedPiece {
+  int64_t param = 0, param_offset = 0, shard_offset = 0, numel = 0;
+  torch::Tensor view;               // detached
+  bool leaf_requires_grad = false;  // a leaf requiring grad
+  bool shares_shard = false;        // its memory is the shard's at shard_offset
+};
+inline std::vector<ObservedPiece> observed_pieces(const FlatParameter& f,
+                                                  const char* file = __builtin_FILE(),
+                                                  int line = __builtin_LINE()) {
+  std::vector<std::pair<std::vector<int64_t>, torch::Tensor>> list;
+  for (const auto& p : f.pieces()) {
+    const bool shares = p.view.data_ptr<float>() == f.shard().data_ptr<float>() + p.shard_offset;
+    list.emplace_back(std::vector<int64_t>{p.param, p.param_offset, p.shard_offset, p.numel,
+                                           p.view.is_leaf() && p.view.requires_grad(), shares},
+                      p.view.detach());
+  }
+  list = dtl::testing::observe(std::move(list), "the pieces (layout, view)",
+                               dtl::testing::Source::kComputed, file, line);
+  std::vector<ObservedPiece> out;
+  for (const auto& [meta, view] : list) {
+    if (meta.size() != 6) {
+      ADD_FAILURE_AT(file, line) << "a piece recorded with " << meta.size() << " fields";
+      continue;
+    }
+    out.push_back(
+        ObservedPiece{meta[0], meta[1], meta[2], meta[3], view, meta[4] != 0, meta[5] != 0});
+  }
+  return out;
+}
 
 // AdamW with weight decay: the rule FSDP's per-parameter pieces must keep (matrices decay,
 // biases and LayerNorm gains do not). eps 1e-6; eps >= 1 shows a gradient summed over the ranks.
@@ -154,17 +228,33 @@ inline double inter_node_wire_bytes(const FullyShardedDataParallel& fsdp, int ra
   return bytes;
 }
 
+// A wrapper's communicators' counters as the student's process counted them (MEASURED): the
+// shard group's, and the replicate group's when it is a communicator of its own (empty counters
+// otherwise, so both runs observe the same two values whatever the wrapper built).
+struct WrapperStats {
+  dtl::CommStats shard, replicate;
+  int64_t total_count() const { return shard.total_count() + replicate.total_count(); }
+};
+inline WrapperStats measured_stats(const FullyShardedDataParallel& fsdp,
+                                   const char* file = __builtin_FILE(),
+                                   int line = __builtin_LINE()) {
+  using dtl::testing::observe;
+  const auto src = dtl::testing::Source::kMeasured;
+  const bool separate = fsdp.replicate_comm() && fsdp.replicate_comm() != &fsdp.shard_comm();
+  WrapperStats s;
+  s.shard = observe(fsdp.shard_comm().stats(), "the shard group's counters", src, file, line);
+  s.replicate = observe(separate ? fsdp.replicate_comm()->stats() : dtl::CommStats{},
+                        "the replicate group's counters", src, file, line);
+  return s;
+}
+
 // The traffic a wrapper's communicators counted, by op.
-inline dtl::lab15::StepTraffic counted(const FullyShardedDataParallel& fsdp) {
+inline dtl::lab15::StepTraffic counted(const WrapperStats& stats) {
   dtl::lab15::StepTraffic t;
-  std::vector<const Comm*> comms = {&fsdp.shard_comm()};
-  if (fsdp.replicate_comm() && fsdp.replicate_comm() != &fsdp.shard_comm())
-    comms.push_back(fsdp.replicate_comm());
-  for (const Comm* c : comms) {
-    const auto st = c->stats();
-    t.all_gather += st[OpType::AllGather].bytes;
-    t.reduce_scatter += st[OpType::ReduceScatter].bytes;
-    t.all_reduce += st[OpType::AllReduce].bytes;
+  for (const dtl::CommStats* st : {&stats.shard, &stats.replicate}) {
+    t.all_gather += (*st)[OpType::AllGather].bytes;
+    t.reduce_scatter += (*st)[OpType::ReduceScatter].bytes;
+    t.all_reduce += (*st)[OpType::AllReduce].bytes;
   }
   return t;
 }

@@ -35,7 +35,7 @@ TEST(TraceReading, HandCases) {
       ev(2, "comm world/dup", 0.002, 0.006),
       ev(2, "compute", 0.010, 0.010),        //         a zero-length compute event
   };
-  const auto r = overlap_from_chrome(dtl::trace::chrome_json(evs));
+  const auto r = observed(overlap_from_chrome(dtl::trace::chrome_json(evs)));
   ASSERT_EQ(r.size(), 3u);
   EXPECT_EQ(r[0].rank, 0);
   EXPECT_NEAR(r[0].wall, 0.015, 1e-12);
@@ -51,7 +51,7 @@ TEST(TraceReading, HandCases) {
 
 TEST(TraceReading, WindowClipsEveryEvent) {
   std::vector<Event> evs = {ev(0, "compute", 0.000, 0.010), ev(0, "comm world", 0.005, 0.015)};
-  const auto r = overlap_from_chrome(dtl::trace::chrome_json(evs), 0.008, 0.012);
+  const auto r = observed(overlap_from_chrome(dtl::trace::chrome_json(evs), 0.008, 0.012));
   ASSERT_EQ(r.size(), 1u);
   EXPECT_NEAR(r[0].wall, 0.004, 1e-12);
   EXPECT_NEAR(r[0].compute, 0.002, 1e-12);
@@ -72,7 +72,7 @@ TEST(TraceReading, MatchesTheRuntimesSummary) {
       evs.push_back(ev(rank, tracks[k % 4], s, s + len(rng)));
     }
   for (auto [from, to] : {std::pair<double, double>{-1, -1}, {0.25, 0.7}}) {
-    const auto got = overlap_from_chrome(dtl::trace::chrome_json(evs), from, to);
+    const auto got = observed(overlap_from_chrome(dtl::trace::chrome_json(evs), from, to));
     ASSERT_EQ(got.size(), 3u);
     for (int rank = 0; rank < 3; ++rank) {
       std::vector<Event> mine;
@@ -101,10 +101,12 @@ TEST(TraceReading, ReadsARecordedTrace) {
     }
     w.wait();
   }
+  // The trace is this process's (its times MEASURED, through the runtime's summary of it); the
+  // code under test reads it.
   const auto mine = dtl::trace::events();
-  const auto got = overlap_from_chrome(dtl::trace::chrome_json(mine));
+  const auto got = observed(overlap_from_chrome(dtl::trace::chrome_json(mine)));
+  const auto want = measured(dtl::trace::summary(mine));
   ASSERT_EQ(got.size(), 1u);
-  const auto want = dtl::trace::summary(mine);
   EXPECT_GT(got[0].comm, 0.0);
   EXPECT_NEAR(got[0].compute, want.compute, 1e-6);
   EXPECT_NEAR(got[0].comm, want.comm, 1e-6);
@@ -114,13 +116,15 @@ TEST(TraceReading, ReadsARecordedTrace) {
 TEST(TraceReading, ReportHasOneLinePerRank) {
   std::vector<Event> evs = {ev(0, "compute", 0, 0.010), ev(0, "comm world", 0.005, 0.015),
                             ev(3, "compute", 0, 0.002)};
-  const std::string report = overlap_report(overlap_from_chrome(dtl::trace::chrome_json(evs)));
+  const std::string report =
+      OBSERVE(overlap_report(overlap_from_chrome(dtl::trace::chrome_json(evs))));
   EXPECT_EQ(std::count(report.begin(), report.end(), '\n'), 3) << report;  // a header, two ranks
   EXPECT_NE(report.find("50%"), std::string::npos) << "rank 0 hides half its comm:\n" << report;
   EXPECT_NE(report.find("5.00"), std::string::npos) << "rank 0's 5 ms exposed:\n" << report;
   // A quarter hidden: comm [7.5, 17.5] ms under compute [0, 10] ms. The share is the hidden one.
   evs = {ev(1, "compute", 0, 0.010), ev(1, "comm world", 0.0075, 0.0175)};
-  const std::string quarter = overlap_report(overlap_from_chrome(dtl::trace::chrome_json(evs)));
+  const std::string quarter =
+      OBSERVE(overlap_report(overlap_from_chrome(dtl::trace::chrome_json(evs))));
   EXPECT_NE(quarter.find("25%"), std::string::npos) << "2.5 of 10 ms hidden:\n" << quarter;
   EXPECT_EQ(quarter.find("75%"), std::string::npos) << "75% is the exposed share, not the hidden one:\n"
                                                    << quarter;
@@ -146,21 +150,21 @@ TEST(BucketModel, HandComputed) {
   p.beta = 1e-4;
   // One gradient per bucket, 15 ms each: [10,25], then each waits for the one before:
   // [25,40] [40,55] [55,70].
-  auto t = bucket_timing(p, 100, 100);
+  auto t = observed(bucket_timing(p, 100, 100));
   EXPECT_EQ(t.buckets, 4);
   EXPECT_NEAR(t.total, 0.070, 1e-12);
   EXPECT_NEAR(t.exposed, 0.030, 1e-12);
   // Two per bucket: buckets {3,2} ready at 20 ms -> [20,45]; {1,0} ready 40 -> [45,70].
-  t = bucket_timing(p, 200, 200);
+  t = observed(bucket_timing(p, 200, 200));
   EXPECT_EQ(t.buckets, 2);
   EXPECT_NEAR(t.total, 0.070, 1e-12);
   // One bucket: starts when backward ends, all of it exposed: 40 + 5 + 40.
-  t = bucket_timing(p, 1000, 1000);
+  t = observed(bucket_timing(p, 1000, 1000));
   EXPECT_EQ(t.buckets, 1);
   EXPECT_NEAR(t.total, 0.085, 1e-12);
   EXPECT_NEAR(t.exposed, 0.045, 1e-12);
   // A small first bucket, then one for the rest: {3} [10,25]; {2,1,0} ready 40 -> [40,75].
-  t = bucket_timing(p, 100, 1000);
+  t = observed(bucket_timing(p, 100, 1000));
   EXPECT_EQ(t.buckets, 2);
   EXPECT_NEAR(t.total, 0.075, 1e-12);
   // Communication that ends before backward does: the step still lasts the whole backward.
@@ -170,7 +174,7 @@ TEST(BucketModel, HandComputed) {
   early.backward = 0.040;
   early.alpha = 0.001;
   early.beta = 1e-5;  // 1 ms per gradient: {1} [5, 7] ms, {0} [10, 12] ms
-  t = bucket_timing(early, 100, 100);
+  t = observed(bucket_timing(early, 100, 100));
   EXPECT_NEAR(t.total, 0.040, 1e-12) << "total = max(backward, the last bucket's end)";
   EXPECT_NEAR(t.exposed, 0.0, 1e-12);
 }
@@ -184,12 +188,14 @@ TEST(BucketModel, UShapeAndBestCap) {
   for (int64_t cap = 64 << 10; cap <= (int64_t{48} * 64 << 10); cap *= 2) caps.push_back(cap);
   std::vector<double> totals;
   for (int64_t cap : caps) totals.push_back(bucket_timing(p, cap, cap).total);
+  totals = OBSERVE(totals);
+  ASSERT_EQ(totals.size(), caps.size());
   const size_t best = static_cast<size_t>(std::min_element(totals.begin(), totals.end()) - totals.begin());
   EXPECT_GT(best, 0u) << "the smallest cap must not be the best: it pays the latency per gradient";
   EXPECT_LT(best, caps.size() - 1) << "the largest cap must not be the best: it starts after backward";
   EXPECT_GT(totals.front(), totals[best] * 1.05);
   EXPECT_GT(totals.back(), totals[best] * 1.05);
-  EXPECT_EQ(best_bucket_cap(p, caps), caps[best]);
+  EXPECT_EQ(OBSERVE(best_bucket_cap(p, caps)), caps[best]);
 }
 
 TEST(BucketModel, TiesGoToTheSmallestCap) {
@@ -197,7 +203,7 @@ TEST(BucketModel, TiesGoToTheSmallestCap) {
   p.grad_bytes = {10, 10, 10};
   p.ready_at = {0.3, 0.2, 0.1};
   p.backward = 0.3;
-  EXPECT_EQ(best_bucket_cap(p, {40, 20, 10, 30}), 10);
+  EXPECT_EQ(OBSERVE(best_bucket_cap(p, {40, 20, 10, 30})), 10);
 }
 
 TEST(BucketModel, BadProfilesAreNamed) {
@@ -228,7 +234,8 @@ TEST(CollectiveMatmul, EqualsTheSerialMatmulInBothModes) {
     const torch::Tensor plain = dtl::lab16::allgather_matmul(pb.x_local, pb.weight, *comm, false);
     const torch::Tensor ring = dtl::lab16::allgather_matmul(pb.x_local, pb.weight, *comm, true);
     DTL_EXPECT_CLOSE(plain, pb.expected) << "R " << R << " K " << K << " N " << N;
-    DTL_EXPECT_EQUAL(ring, plain) << "the overlapped mode must compute exactly the same chunks";
+    DTL_EXPECT_EQUAL(ring, OBSERVE(plain))
+        << "the overlapped mode must compute exactly the same chunks";
     DTL_EXPECT_EQUAL(pb.x_local, x_before) << "x_local is the caller's: never receive into it";
   }
 }
@@ -241,7 +248,7 @@ TEST(CollectiveMatmul, CommunicatesAsPromised) {
     const Problem pb(*comm, R, K, N);
     comm->reset_stats();
     dtl::lab16::allgather_matmul(pb.x_local, pb.weight, *comm, overlap);
-    const auto st = comm->stats();
+    const auto st = MEASURED(comm->stats());
     const std::string mode = overlap ? "overlap" : "no overlap";
     const int64_t chunk = R * K * 4;
     if (!overlap && n > 1) {
@@ -276,22 +283,28 @@ TEST(CollectiveMatmul, TransfersRunWhileChunksCompute) {
     Tracing on;
     dtl::lab16::allgather_matmul(pb.x_local, pb.weight, *comm, overlap);
     const auto evs = dtl::trace::events();
-    const auto matmuls = named(evs, "matmul chunk");
+    // The spans are this process's trace times (MEASURED).
+    const auto matmuls = measured_spans(named(evs, "matmul chunk"));
     ASSERT_EQ(matmuls.size(), static_cast<size_t>(n)) << "one DTL_SCOPE(\"matmul chunk <s>\") per chunk";
     if (!overlap) {
-      const auto gathers = named(evs, "all_gather");
+      const auto gathers = measured_spans(named(evs, "all_gather"));
       ASSERT_EQ(gathers.size(), 2u);
       EXPECT_LE(gathers[1].end, matmuls[0].start) << "plain mode: gather, then compute";
       continue;
     }
-    const auto transfers = named(evs, "sendrecv");
+    const auto sendrecvs = named(evs, "sendrecv");
+    // When each transfer was issued (the runtime records it, in the event's args), on the same
+    // clock as the matmul's scope: before the chunk's matmul ends, not after it.
+    std::vector<double> issued_at;
+    for (const auto& t : sendrecvs) {
+      const auto args = nlohmann::json::parse(t.args);
+      issued_at.push_back(t.start - args.at("issued_ms_before_start").get<double>() / 1e3);
+    }
+    const auto transfers = measured_spans(sendrecvs);
+    const auto issued = MEASURED(issued_at);
     ASSERT_EQ(transfers.size(), static_cast<size_t>(n - 1));
     for (int j = 0; j < n - 1; ++j) {
-      // When the transfer was issued (the runtime records it, in the event's args), on the
-      // same clock as the matmul's scope: before the chunk's matmul ends, not after it.
-      const auto args = nlohmann::json::parse(transfers[j].args);
-      const double issued = transfers[j].start - args.at("issued_ms_before_start").get<double>() / 1e3;
-      EXPECT_LT(issued, matmuls[j].end)
+      EXPECT_LT(issued.at(j), matmuls[j].end)
           << "step " << j << ": issue the transfer (sendrecv_async) before the chunk's matmul, "
           << "not after it: a transfer issued after the compute hides nothing";
       EXPECT_GT(transfers[j].end, matmuls[j].start + 0.001)

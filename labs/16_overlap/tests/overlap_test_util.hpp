@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,63 @@ namespace lab16_test {
 
 using dtl::OpType;
 using dtl::testing::fresh_comm;
+
+// overlap_from_chrome's result from the code under test, observed (each entry's rank and four
+// figures): in the autograder's split run the assertions on it are checked on the student's
+// numbers.
+inline std::vector<dtl::lab16::RankOverlap> observed(const std::vector<dtl::lab16::RankOverlap>& r,
+                                                     const char* file = __builtin_FILE(),
+                                                     int line = __builtin_LINE()) {
+  std::vector<std::pair<int, std::vector<double>>> list;
+  for (const auto& o : r) list.push_back({o.rank, {o.wall, o.compute, o.comm, o.exposed_comm}});
+  list = dtl::testing::observe(std::move(list),
+                               "the ranks' overlap (rank, wall, compute, comm, exposed)",
+                               dtl::testing::Source::kComputed, file, line);
+  std::vector<dtl::lab16::RankOverlap> out;
+  for (const auto& [rank, v] : list) {
+    dtl::lab16::RankOverlap o;
+    o.rank = rank;
+    if (v.size() == 4)
+      o.wall = v[0], o.compute = v[1], o.comm = v[2], o.exposed_comm = v[3];
+    else
+      ADD_FAILURE_AT(file, line) << "an entry recorded with " << v.size() << " figures";
+    out.push_back(o);
+  }
+  return out;
+}
+
+// Observes the figures of a result as one list of its fields, in place.
+inline void observe_fields(const char* what, std::initializer_list<double*> fields,
+                           dtl::testing::Source source, const char* file, int line) {
+  std::vector<double> v;
+  for (const double* f : fields) v.push_back(*f);
+  v = dtl::testing::observe(std::move(v), what, source, file, line);
+  if (v.size() != fields.size()) {
+    ADD_FAILURE_AT(file, line) << what << ": " << v.size() << " figures recorded";
+    return;
+  }
+  size_t i = 0;
+  for (double* f : fields) *f = v[i++];
+}
+inline dtl::lab16::BucketTiming observed(dtl::lab16::BucketTiming t,
+                                         const char* file = __builtin_FILE(),
+                                         int line = __builtin_LINE()) {
+  t.buckets = dtl::testing::observe(t.buckets, "BucketTiming.buckets",
+                                    dtl::testing::Source::kComputed, file, line);
+  observe_fields("BucketTiming (total, exposed)", {&t.total, &t.exposed},
+                 dtl::testing::Source::kComputed, file, line);
+  return t;
+}
+
+// The runtime's summary of a trace the student's process recorded: its times are that
+// process's (MEASURED).
+inline dtl::trace::Summary measured(dtl::trace::Summary s, const char* file = __builtin_FILE(),
+                                    int line = __builtin_LINE()) {
+  observe_fields("Summary (wall, compute, comm, exposed_comm)",
+                 {&s.wall, &s.compute, &s.comm, &s.exposed_comm}, dtl::testing::Source::kMeasured,
+                 file, line);
+  return s;
+}
 
 // A trace event of `rank` on `track` ("compute", or "comm <name>" for a Comm), in seconds.
 inline dtl::trace::Event ev(int rank, const std::string& track, double start, double end) {
@@ -64,6 +122,22 @@ inline std::vector<dtl::trace::Event> named(const std::vector<dtl::trace::Event>
   for (const auto& e : evs)
     if (e.name.rfind(prefix, 0) == 0) out.push_back(e);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+  return out;
+}
+
+// The spans (start, end) of events recorded in the student's process (MEASURED: trace times).
+struct Span {
+  double start = 0, end = 0;
+};
+inline std::vector<Span> measured_spans(const std::vector<dtl::trace::Event>& evs,
+                                        const char* file = __builtin_FILE(),
+                                        int line = __builtin_LINE()) {
+  std::vector<std::pair<double, double>> list;
+  for (const auto& e : evs) list.emplace_back(e.start, e.end);
+  list = dtl::testing::observe(std::move(list), "the events' spans",
+                               dtl::testing::Source::kMeasured, file, line);
+  std::vector<Span> out;
+  for (const auto& [start, end] : list) out.push_back(Span{start, end});
   return out;
 }
 

@@ -24,8 +24,9 @@ TEST(ShardFile, IsInTheSafetensorsLayout) {
   torch::Tensor a = torch::arange(6, torch::kFloat32).reshape({2, 3}).to(device());
   torch::Tensor b = torch::tensor(std::vector<int64_t>{-1, 2, int64_t{1} << 40});
   torch::Tensor c = torch::tensor({1.5, -2.0}, torch::kFloat64);
-  const FileInfo info = write_shard(path, {{"a", a}, {"b", b}, {"c", c}}, {{"who", "me"}});
-  const std::string bytes = slurp(path);
+  const FileInfo info =
+      observed(write_shard(path, {{"a", a}, {"b", b}, {"c", c}}, {{"who", "me"}}));
+  const std::string bytes = observed_file(path);
   EXPECT_EQ(info.file, fs::path(path).filename().string());
   EXPECT_EQ(info.bytes, static_cast<int64_t>(bytes.size()));
   EXPECT_EQ(info.crc32, crc32(bytes.data(), bytes.size()));
@@ -65,14 +66,15 @@ TEST(ShardFile, HeaderAndByteRangesAreReadAlone) {
   const std::string path = dir / fmt::format("r{}.safetensors", comm->rank());
   torch::Tensor a = torch::arange(100, torch::kFloat32);
   write_shard(path, {{"x", torch::zeros({3}, torch::kUInt8)}, {"a", a}});
-  const ShardHeader h = read_shard_header(path);
+  const ShardHeader raw = read_shard_header(path);
+  const ShardHeader h = observed(raw);
   ASSERT_EQ(h.tensors.count("a"), 1u);
   EXPECT_EQ(h.tensors.at("a").dtype, "F32");
   EXPECT_EQ(h.tensors.at("a").shape, std::vector<int64_t>({100}));
   EXPECT_EQ(h.tensors.at("a").begin, 3);
   EXPECT_EQ(h.data_start % 8, 0);
   torch::Tensor part = torch::empty({10}, torch::kFloat32);
-  read_bytes(path, h.data_start + h.tensors.at("a").begin + 40 * 4, part);
+  read_bytes(path, raw.data_start + raw.tensors.at("a").begin + 40 * 4, part);
   DTL_EXPECT_EQUAL(part, a.narrow(0, 40, 10));
 
   expect_error_mentions([&] { read_shard_header(dir / "nothing-here"); }, "missing");
@@ -92,7 +94,7 @@ TEST(ShardFile, HeaderAndByteRangesAreReadAlone) {
     return out + header + data;
   };
   spit(path, file_with(one + std::string(3, ' '), "abc"));
-  EXPECT_EQ(read_shard_header(path).tensors.at("x").end, 3) << "a hand-made valid file";
+  EXPECT_EQ(OBSERVE(read_shard_header(path).tensors.at("x").end), 3) << "a hand-made valid file";
   spit(path, file_with(one + std::string(3, '\0'), "abc"));
   expect_error_mentions([&] { read_shard_header(path); }, "header");
 }
@@ -105,13 +107,14 @@ TEST(Save, CommitsShardsManifestAndLatest) {
   ScratchDir root(*comm);
   const Snapshot s = test_snapshot(comm->rank(), n, 3);
   const std::string committed = save(root.path(), s, *comm);
-  EXPECT_EQ(committed, root / "step-00000003");
-  EXPECT_EQ(latest(root.path()), committed);
-  EXPECT_EQ(slurp(root / "latest"), "step-00000003\n");
+  const std::string committed_seen = observed_path(committed, root.path());
+  EXPECT_EQ(committed_seen, root / "step-00000003");
+  EXPECT_EQ(observed_path(latest(root.path()), root.path()), committed_seen);
+  EXPECT_EQ(observed_file(root / "latest"), "step-00000003\n");
   comm->barrier();
-  for (const auto& e : fs::directory_iterator(root.path()))
-    EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << "left behind: " << e.path();
-  const json m = json::parse(slurp(committed + "/manifest.json"));
+  for (const auto& name : observed_listing(root.path()))
+    EXPECT_NE(name.rfind(".tmp", 0), 0u) << "left behind: " << root / name;
+  const json m = json::parse(observed_file(committed + "/manifest.json"));
   EXPECT_EQ(m["format"], "dtl-checkpoint-1");
   EXPECT_EQ(m["step"], 3);
   EXPECT_EQ(m["world_size"], n);
@@ -132,13 +135,14 @@ TEST(Save, CommitsShardsManifestAndLatest) {
   for (int r = 0; r < n; ++r) {
     const std::string file = fmt::format("shard-{:05d}-of-{:05d}.safetensors", r, n);
     ASSERT_TRUE(m["files"].contains(file)) << file;
-    const std::string bytes = slurp(committed + "/" + file);
+    const std::string bytes = observed_file(committed + "/" + file);
     EXPECT_EQ(m["files"][file]["rank"], r);
     EXPECT_EQ(m["files"][file]["bytes"].get<int64_t>(), static_cast<int64_t>(bytes.size()));
     EXPECT_EQ(m["files"][file]["crc32"].get<uint32_t>(), crc32(bytes.data(), bytes.size()));
   }
   // This rank's shard holds its slices under their names and its own tensor under rank/.
-  const ShardHeader h = read_shard_header(committed + fmt::format("/shard-{:05d}-of-{:05d}.safetensors", comm->rank(), n));
+  const ShardHeader h = observed(read_shard_header(
+      committed + fmt::format("/shard-{:05d}-of-{:05d}.safetensors", comm->rank(), n)));
   EXPECT_EQ(h.tensors.count("a"), 1u);
   EXPECT_EQ(h.tensors.count("rank/rank_id"), 1u);
 }
@@ -153,25 +157,27 @@ TEST(Save, KeepsTheLastKAndIgnoresLeftovers) {
   comm->barrier();
   SaveOptions keep2;
   keep2.keep_last = 2;
-  ino_t pointer = 0;  // the inode of `latest`
+  uint64_t pointer = 0;  // the inode of `latest`
   for (int step = 1; step <= 4; ++step) {
     save(root.path(), test_snapshot(comm->rank(), comm->size(), step), *comm, keep2);
-    EXPECT_EQ(latest(root.path()), root / fmt::format("step-{:08d}", step));
+    EXPECT_EQ(observed_path(latest(root.path()), root.path()),
+              root / fmt::format("step-{:08d}", step));
     struct stat st {};
-    ASSERT_EQ(::stat((root / "latest").c_str(), &st), 0);
+    const int stat_rc = ::stat((root / "latest").c_str(), &st);
+    // (stat's result and the inode: the student's run's file system, MEASURED.)
+    const auto [rc, inode] = MEASURED(std::make_pair(stat_rc, static_cast<uint64_t>(st.st_ino)));
+    ASSERT_EQ(rc, 0);
     // A file rewritten in place keeps its inode (and a reader may see it half written); a new
     // file renamed over it is another inode (the old one was still in use when it was created).
     if (step > 1) {
-      EXPECT_NE(st.st_ino, pointer) << "step " << step << ": `latest` was rewritten in place; "
-                                    << "write a temporary file and rename it over `latest`";
+      EXPECT_NE(inode, pointer) << "step " << step << ": `latest` was rewritten in place; "
+                                << "write a temporary file and rename it over `latest`";
     }
-    pointer = st.st_ino;
+    pointer = inode;
   }
   comm->barrier();
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(root.path())) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, std::vector<std::string>({"latest", "step-00000003", "step-00000004"}));
+  EXPECT_EQ(observed_listing(root.path()),
+            std::vector<std::string>({"latest", "step-00000003", "step-00000004"}));
   expect_error_mentions(
       [&] { save(root.path(), test_snapshot(comm->rank(), comm->size(), 4), *comm); }, "latest");
 }
@@ -185,13 +191,13 @@ TEST(Load, RoundTripAtTheSameWorldSize) {
   const Snapshot saved = test_snapshot(r, n, 7);
   save(root.path(), saved, *comm);
   Snapshot into = empty_like(saved, r, n);
-  const LoadResult res = load(root.path(), into, *comm);
+  const LoadResult res = observed(load(root.path(), into, *comm), root.path());
   EXPECT_EQ(res.directory, root / "step-00000007");
   EXPECT_EQ(res.step, 7);
   EXPECT_EQ(res.saved_world_size, n);
   EXPECT_FALSE(res.resharded);
-  EXPECT_EQ(into.step, 7);
-  EXPECT_EQ(into.counters, saved.counters);
+  EXPECT_EQ(OBSERVE(into.step), 7);
+  EXPECT_EQ(OBSERVE(into.counters), saved.counters);
   int64_t want = 0;
   for (size_t i = 0; i < saved.sharded.size(); ++i) {
     DTL_EXPECT_EQUAL(into.sharded[i].local.cpu(), saved.sharded[i].local.cpu());
@@ -212,12 +218,13 @@ TEST(Load, ReshardsToOtherWorldSizes) {
   for (int m = 1; m <= n; ++m) {
     on_sub(*comm, comm->split(r < m ? 0 : -1, r), [&](Comm& sub) {
       Snapshot into = empty_like({}, r, m);
-      const LoadResult res = load_resharding(root.path(), into, sub);
+      const LoadResult res = observed(load_resharding(root.path(), into, sub), root.path());
       EXPECT_EQ(res.resharded, m != n);
       int64_t bytes = expect_same_slices(into, test_snapshot(r, m, 1),
                                          fmt::format("saved on {} ranks, loaded on {}", n, m));
       if (m != n) {
-        EXPECT_EQ(into.per_rank[0].value.min().item<int>(), -1) << "per-rank state kept when resharding";
+        EXPECT_EQ(OBSERVE(into.per_rank[0].value.min().item<int>()), -1)
+            << "per-rank state kept when resharding";
       } else {
         bytes += static_cast<int64_t>(into.per_rank[0].value.nbytes());
       }
@@ -316,16 +323,16 @@ TEST(Resume, StraightRunEqualsSaveLoadContinueBitwise) {
   Snapshot state = state_of(resumed);
   const LoadResult res = load(root.path(), state, *comm);
   restore(resumed, state, res);
-  EXPECT_EQ(resumed.schedule_step, 3);
+  EXPECT_EQ(OBSERVE(resumed.schedule_step), 3);
   for (int s = 3; s < 6; ++s)
-    EXPECT_EQ(resumed.train_step(), want_losses[s]) << "loss of step " << s + 1;
+    EXPECT_EQ(OBSERVE(resumed.train_step()), want_losses[s]) << "loss of step " << s + 1;
   DTL_EXPECT_EQUAL(resumed.flat_params(), straight.flat_params());
   for (size_t i = 0; i < straight.exp_avg.size(); ++i) {
     DTL_EXPECT_EQUAL(resumed.exp_avg[i], straight.exp_avg[i]) << straight.names[i];
     DTL_EXPECT_EQUAL(resumed.exp_avg_sq[i], straight.exp_avg_sq[i]) << straight.names[i];
   }
-  EXPECT_EQ(resumed.optimizer_step, straight.optimizer_step);
-  EXPECT_EQ(resumed.data_position, straight.data_position);
+  EXPECT_EQ(OBSERVE(resumed.optimizer_step), straight.optimizer_step);
+  EXPECT_EQ(OBSERVE(resumed.data_position), straight.data_position);
 }
 
 // Resharded: n -> n/2 (4 -> 2, 2 -> 1) and 2 -> 3: the same trajectory within float
@@ -354,7 +361,7 @@ TEST(Resume, ReshardedRunFollowsTheSameTrajectory) {
     LoadOptions opts;
     opts.allow_reshard = true;
     const LoadResult res = load(root.path(), state, b, opts);
-    EXPECT_TRUE(res.resharded);
+    EXPECT_TRUE(OBSERVE(res.resharded));
     restore(resumed, state, res);
     for (int s = 3; s < 6; ++s) resumed.train_step();
     DTL_EXPECT_CLOSE(resumed.flat_params(), want, 1e-4, 1e-5) << from << " -> " << to << " ranks";
@@ -377,21 +384,23 @@ TEST(Async, WritesTheSnapshotWhileTrainingGoesOn) {
   saver.save(async_root.path(), state_of(t));
   t.train_step();  // changes the parameters, moments and RNG the snapshot was taken of
   t.train_step();
-  EXPECT_EQ(saver.wait(), async_root / "step-00000001");
-  EXPECT_EQ(latest(async_root.path()), async_root / "step-00000001");
+  EXPECT_EQ(observed_path(saver.wait(), async_root.path()), async_root / "step-00000001");
+  EXPECT_EQ(observed_path(latest(async_root.path()), async_root.path()),
+            async_root / "step-00000001");
   for (int r = 0; r < n; ++r) {
     const std::string f = fmt::format("/step-00000001/shard-{:05d}-of-{:05d}.safetensors", r, n);
-    EXPECT_EQ(slurp(async_root.path() + f), slurp(sync_root.path() + f)) << f;
+    EXPECT_EQ(observed_file(async_root.path() + f), observed_file(sync_root.path() + f)) << f;
   }
-  EXPECT_EQ(json::parse(slurp(async_root / "step-00000001/manifest.json")),
-            json::parse(slurp(sync_root / "step-00000001/manifest.json")));
+  EXPECT_EQ(json::parse(observed_file(async_root / "step-00000001/manifest.json")),
+            json::parse(observed_file(sync_root / "step-00000001/manifest.json")));
   // Two in a row: the second waits for the first; both commit.
   saver.save(async_root.path(), state_of(t));
   t.train_step();
   saver.save(async_root.path(), state_of(t));
-  EXPECT_EQ(saver.wait(), async_root / "step-00000004");
-  EXPECT_TRUE(fs::exists(async_root / "step-00000003/manifest.json"));
-  EXPECT_EQ(latest(async_root.path()), async_root / "step-00000004");
+  EXPECT_EQ(observed_path(saver.wait(), async_root.path()), async_root / "step-00000004");
+  EXPECT_TRUE(observed_exists(async_root / "step-00000003/manifest.json"));
+  EXPECT_EQ(observed_path(latest(async_root.path()), async_root.path()),
+            async_root / "step-00000004");
 }
 
 // The snapshot is in host memory of the saver's own when save() returns: ranks 1..n-1 hand
@@ -414,11 +423,11 @@ TEST(Async, SaveCopiesTheSnapshotBeforeItReturns) {
   if (r != 0) hand_over();
   comm->barrier();
   if (r == 0) hand_over();
-  EXPECT_EQ(saver.wait(), async_root / "step-00000001");
+  EXPECT_EQ(observed_path(saver.wait(), async_root.path()), async_root / "step-00000001");
   comm->barrier();
   for (int q = 1; q < n; ++q) {
     const std::string f = fmt::format("/step-00000001/shard-{:05d}-of-{:05d}.safetensors", q, n);
-    EXPECT_EQ(slurp(async_root.path() + f), slurp(sync_root.path() + f))
+    EXPECT_EQ(observed_file(async_root.path() + f), observed_file(sync_root.path() + f))
         << f << ": the async save wrote values the caller changed after save() returned (copy "
         << "every tensor to host memory of your own before returning)";
   }
@@ -433,13 +442,17 @@ TEST(Supervisor, RankKilledDuringSaveResumesBitwise) {
   LAB17_ONLY_AT_WORLD_SIZE_1();
   auto comm = fresh_comm();
   ScratchDir straight(*comm), killed(*comm);
-  const auto clean = dtl::testing::run_job("lab17_train", 2, {"dir=" + straight.path()}, 90);
+  const auto clean =
+      measured(dtl::testing::run_job("lab17_train", 2, {"dir=" + straight.path()}, 90));
   ASSERT_TRUE(clean.ok()) << clean.describe();
-  const auto runs = supervise(2, {"dir=" + killed.path()}, "rank=1,step=4,at=shard");
+  const auto runs = measured(supervise(2, {"dir=" + killed.path()}, "rank=1,step=4,at=shard"));
+  ASSERT_FALSE(runs.empty());
   ASSERT_GE(runs.size(), 2u) << "the first attempt should have been killed: " << runs[0].describe();
   EXPECT_EQ(runs[0].signal, 9) << runs[0].describe();
   EXPECT_NE(runs[1].output.find("resumed_from=2 "), std::string::npos) << runs[1].describe();
   ASSERT_TRUE(runs.back().ok()) << runs.back().describe();
+  // The restarted job's parameters, from the file it wrote (the check observes them); the
+  // uninterrupted run's are this run's own (the oracle: the given trainer without a fault).
   DTL_EXPECT_EQUAL(final_params(killed.path()), final_params(straight.path()));
 }
 
@@ -449,20 +462,22 @@ TEST(Supervisor, KilledAtCommitLeavesThePreviousCheckpointLoadable) {
   LAB17_ONLY_AT_WORLD_SIZE_1();
   auto comm = fresh_comm();
   ScratchDir dir(*comm);
-  const auto run = dtl::testing::run_job("lab17_train", 3, {"dir=" + dir.path(), "async=1"}, 90,
-                                         {"DTL_LAB17_FAULT=rank=0,step=4,at=commit"});
+  const auto run =
+      measured(dtl::testing::run_job("lab17_train", 3, {"dir=" + dir.path(), "async=1"}, 90,
+                                     {"DTL_LAB17_FAULT=rank=0,step=4,at=commit"}));
   EXPECT_EQ(run.signal, 9) << run.describe();
-  EXPECT_EQ(latest(dir.path()), dir / "step-00000002");
-  EXPECT_FALSE(fs::exists(dir / "step-00000004"));
+  EXPECT_EQ(observed_path(latest(dir.path()), dir.path()), dir / "step-00000002");
+  EXPECT_FALSE(observed_exists(dir / "step-00000004"));
   Trainer t(train_config(), *comm);
   Snapshot state = state_of(t);
   LoadOptions opts;
   opts.allow_reshard = true;
   const LoadResult res = load(dir.path(), state, *comm, opts);
-  EXPECT_EQ(res.step, 2);
-  EXPECT_EQ(res.saved_world_size, 3);
+  const LoadResult got = observed(res, dir.path());
+  EXPECT_EQ(got.step, 2);
+  EXPECT_EQ(got.saved_world_size, 3);
   restore(t, state, res);
-  EXPECT_EQ(t.schedule_step, 2);
+  EXPECT_EQ(OBSERVE(t.schedule_step), 2);
 }
 
 }  // namespace

@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint.hpp"
@@ -130,6 +133,139 @@ inline std::string slurp(const std::string& path) {
 inline void spit(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// ---------------------------------------------------------------- observations
+//
+// In the autograder's split run (dtl/harness/observe.hpp) the driver checks what the student's
+// run produced: its results are OBSERVEd, the files it wrote too (their bytes, which exist, a
+// directory's names: what the code left on disk is its result); what only that process could
+// see is MEASURED: a file's inode, how child jobs ended (exit code, signal, time, output).
+
+// A path the code under test returned. Every run has a scratch directory of its own, so the
+// path is observed relative to `root` and put back under this run's root: a path outside root
+// stays as it was (and compares unequal to any path under root).
+inline std::string observed_path(const std::string& path, const std::string& root,
+                                 const char* what = "a path under the scratch directory",
+                                 const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  const std::string mark = "<scratch>";
+  std::string rel = path;
+  if (path == root)
+    rel = mark;
+  else if (path.rfind(root + "/", 0) == 0)
+    rel = mark + path.substr(root.size());
+  rel = dtl::testing::observe(std::move(rel), what, dtl::testing::Source::kComputed, file, line);
+  return rel.rfind(mark, 0) == 0 ? root + rel.substr(mark.size()) : rel;
+}
+
+// A LoadResult, observed: its directory (observed_path under `root`), then its numbers as one list.
+inline LoadResult observed(LoadResult r, const std::string& root,
+                           const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  r.directory = observed_path(r.directory, root, "LoadResult.directory", file, line);
+  auto v = dtl::testing::observe(
+      std::vector<int64_t>{r.step, r.saved_world_size, r.resharded ? 1 : 0, r.payload_bytes_read},
+      "LoadResult (step, saved_world_size, resharded, payload_bytes_read)",
+      dtl::testing::Source::kComputed, file, line);
+  if (v.size() != 4) {
+    ADD_FAILURE_AT(file, line) << "a LoadResult recorded with " << v.size() << " numbers";
+    return r;
+  }
+  r.step = v[0], r.saved_world_size = static_cast<int>(v[1]), r.resharded = v[2] != 0;
+  r.payload_bytes_read = v[3];
+  return r;
+}
+
+// A FileInfo, observed: (file, (bytes, crc32)).
+inline FileInfo observed(FileInfo f, const char* file = __builtin_FILE(),
+                         int line = __builtin_LINE()) {
+  auto v = dtl::testing::observe(std::make_pair(f.file, std::vector<int64_t>{f.bytes, f.crc32}),
+                                 "FileInfo (file, bytes, crc32)", dtl::testing::Source::kComputed,
+                                 file, line);
+  f.file = v.first;
+  if (v.second.size() == 2)
+    f.bytes = v.second[0], f.crc32 = static_cast<uint32_t>(v.second[1]);
+  else
+    ADD_FAILURE_AT(file, line) << "a FileInfo recorded with " << v.second.size() << " numbers";
+  return f;
+}
+
+// A header as read_shard_header returned it: data_start, every entry (dtype, shape, begin,
+// end) and the metadata, observed as one value.
+inline ShardHeader observed(const ShardHeader& h, const char* file = __builtin_FILE(),
+                            int line = __builtin_LINE()) {
+  using Entry = std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+  std::map<std::string, Entry> tensors;
+  for (const auto& [name, e] : h.tensors) tensors[name] = {e.dtype, {e.shape, {e.begin, e.end}}};
+  auto all = dtl::testing::observe(
+      std::make_pair(h.data_start, std::make_pair(tensors, h.metadata)),
+      "the header (data_start, tensors, metadata)", dtl::testing::Source::kComputed, file, line);
+  ShardHeader o;
+  o.data_start = all.first;
+  o.metadata = all.second.second;
+  for (const auto& [name, e] : all.second.first) {
+    HeaderEntry he;
+    he.dtype = e.first;
+    he.shape = e.second.first;
+    if (e.second.second.size() == 2) he.begin = e.second.second[0], he.end = e.second.second[1];
+    o.tensors[name] = he;
+  }
+  return o;
+}
+
+// The bytes of a file the code under test wrote, read back by the test (observed).
+inline std::string observed_file(const std::string& path, const char* file = __builtin_FILE(),
+                                 int line = __builtin_LINE()) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes(std::istreambuf_iterator<char>(in), {});
+  return dtl::testing::observe(std::move(bytes), "the bytes of a file the code wrote",
+                               dtl::testing::Source::kComputed, file, line);
+}
+// Whether a path exists (observed: what the code left in the scratch directory).
+inline bool observed_exists(const std::string& path, const char* file = __builtin_FILE(),
+                            int line = __builtin_LINE()) {
+  return dtl::testing::observe(fs::exists(path), "whether a path exists",
+                               dtl::testing::Source::kComputed, file, line);
+}
+// The names in a directory the code wrote into, sorted (observed).
+inline std::vector<std::string> observed_listing(const std::string& dir,
+                                                 const char* file = __builtin_FILE(),
+                                                 int line = __builtin_LINE()) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return dtl::testing::observe(std::move(names), "the names in a directory",
+                               dtl::testing::Source::kComputed, file, line);
+}
+
+// How child jobs ended (exit code, signal, timeout, wall time, output): MEASURED, the student's
+// run launched them. A supervisor's attempts as one list, or one job.
+inline std::vector<dtl::testing::JobResult> measured(
+    const std::vector<dtl::testing::JobResult>& runs, const char* file = __builtin_FILE(),
+    int line = __builtin_LINE()) {
+  std::vector<std::pair<std::vector<int64_t>, std::pair<double, std::string>>> list;
+  for (const auto& j : runs)
+    list.push_back({{j.exit_code, j.signal, j.timed_out ? 1 : 0}, {j.seconds, j.output}});
+  list = dtl::testing::observe(std::move(list), "child jobs' ends", dtl::testing::Source::kMeasured,
+                               file, line);
+  std::vector<dtl::testing::JobResult> out;
+  for (const auto& [codes, rest] : list) {
+    dtl::testing::JobResult o;
+    if (codes.size() == 3)
+      o.exit_code = static_cast<int>(codes[0]), o.signal = static_cast<int>(codes[1]);
+    o.timed_out = codes.size() != 3 || codes[2] != 0;
+    o.seconds = rest.first;
+    o.output = rest.second;
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+inline dtl::testing::JobResult measured(const dtl::testing::JobResult& job,
+                                        const char* file = __builtin_FILE(),
+                                        int line = __builtin_LINE()) {
+  const auto runs = measured(std::vector<dtl::testing::JobResult>{job}, file, line);
+  if (runs.size() == 1) return runs[0];
+  ADD_FAILURE_AT(file, line) << runs.size() << " job ends recorded for one job";
+  return dtl::testing::JobResult{};
 }
 
 // ---------------------------------------------------------------- the child job

@@ -73,6 +73,179 @@ inline json read_json(const std::string& path) {
   return json::parse(in, nullptr, false);
 }
 
+// ---------------------------------------------------------------- observations
+//
+// In the autograder's split run (dtl/harness/observe.hpp) the driver checks what the student's
+// run produced: results of the code under test are OBSERVEd, and so are the files it wrote (a
+// dump, a report, the trigger: what the code left on disk is its result); what the runtime timed,
+// the allocator's and Comms' figures and how child jobs ended are MEASURED (only that process
+// saw them).
+
+using dtl::testing::Source;
+
+// A Finding as an observable value: (kind, comm, op, name, message), (ranks, (seq, step)).
+using FindingValue =
+    std::pair<std::vector<std::string>, std::pair<std::vector<int>, std::vector<int64_t>>>;
+inline FindingValue finding_value(const Finding& f) {
+  return {{f.kind, f.comm, f.op, f.name, f.message},
+          {f.ranks, {static_cast<int64_t>(f.seq), f.step}}};
+}
+inline Finding finding_from(const FindingValue& v, const char* file, int line) {
+  Finding f;
+  if (v.first.size() != 5 || v.second.second.size() != 2) {
+    ADD_FAILURE_AT(file, line) << "a Finding recorded in another form";
+    return f;
+  }
+  f.kind = v.first[0], f.comm = v.first[1], f.op = v.first[2];
+  f.name = v.first[3], f.message = v.first[4];
+  f.ranks = v.second.first;
+  f.seq = static_cast<uint64_t>(v.second.second[0]), f.step = v.second.second[1];
+  return f;
+}
+inline Finding observed(const Finding& f, const char* file = __builtin_FILE(),
+                        int line = __builtin_LINE()) {
+  return finding_from(
+      dtl::testing::observe(finding_value(f), "a Finding", Source::kComputed, file, line), file,
+      line);
+}
+
+// An Analysis, observed (world_size, dumped, the findings). report() is the given code's text
+// of these fields.
+inline Analysis observed(const Analysis& a, const char* file = __builtin_FILE(),
+                         int line = __builtin_LINE()) {
+  Analysis o;
+  o.world_size =
+      dtl::testing::observe(a.world_size, "Analysis.world_size", Source::kComputed, file, line);
+  o.dumped = dtl::testing::observe(a.dumped, "Analysis.dumped", Source::kComputed, file, line);
+  std::vector<FindingValue> findings;
+  for (const Finding& f : a.findings) findings.push_back(finding_value(f));
+  for (const auto& v : dtl::testing::observe(std::move(findings), "Analysis.findings",
+                                             Source::kComputed, file, line))
+    o.findings.push_back(finding_from(v, file, line));
+  return o;
+}
+
+// A recorder's entries, observed: what it kept of each op (comm, op, dtype, state, id, seq,
+// bytes, peer, shape) is the code's result; the times are observed apart, with `times`:
+// kMeasured where they are the runtime's (ops of real Comms), kComputed where the test fed them.
+inline std::vector<FrEntry> observed(const std::vector<FrEntry>& entries, Source times,
+                                     const char* file = __builtin_FILE(),
+                                     int line = __builtin_LINE()) {
+  using Strings = std::vector<std::string>;
+  using Ints = std::vector<int64_t>;  // id, seq, bytes, peer, then the shape
+  std::vector<std::pair<Strings, Ints>> kept;
+  std::vector<std::vector<double>> when;  // issued, started, finished
+  for (const FrEntry& e : entries) {
+    Ints ints = {static_cast<int64_t>(e.id), static_cast<int64_t>(e.seq), e.bytes, e.peer};
+    ints.insert(ints.end(), e.shape.begin(), e.shape.end());
+    kept.push_back({{e.comm, e.op, e.dtype, e.state}, ints});
+    when.push_back({e.issued, e.started, e.finished});
+  }
+  kept = dtl::testing::observe(std::move(kept), "the recorder's entries", Source::kComputed, file,
+                               line);
+  when = dtl::testing::observe(std::move(when), "the entries' times", times, file, line);
+  if (when.size() != kept.size()) {
+    ADD_FAILURE_AT(file, line) << kept.size() << " entries recorded with " << when.size()
+                               << " times";
+    return {};
+  }
+  std::vector<FrEntry> out;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const auto& [strings, ints] = kept[i];
+    if (strings.size() != 4 || ints.size() < 4 || when[i].size() != 3) {
+      ADD_FAILURE_AT(file, line) << "an entry recorded in another form";
+      continue;
+    }
+    FrEntry e;
+    e.comm = strings[0], e.op = strings[1], e.dtype = strings[2], e.state = strings[3];
+    e.id = static_cast<uint64_t>(ints[0]), e.seq = static_cast<uint64_t>(ints[1]);
+    e.bytes = ints[2], e.peer = static_cast<int>(ints[3]);
+    e.shape.assign(ints.begin() + 4, ints.end());
+    e.issued = when[i][0], e.started = when[i][1], e.finished = when[i][2];
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+// An OomReport, observed as one value (its finding() is the code's too: observe that apart).
+inline OomReport observed(const OomReport& r, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE()) {
+  std::vector<int64_t> ints = {r.rank,
+                               r.step,
+                               static_cast<int64_t>(r.requested),
+                               static_cast<int64_t>(r.current),
+                               static_cast<int64_t>(r.limit),
+                               r.parameters,
+                               r.gradients,
+                               r.optimizer_state,
+                               r.activations};
+  auto v = dtl::testing::observe(
+      std::make_pair(std::make_pair(r.phase, ints), std::make_pair(r.largest, r.by_tag)),
+      "an OomReport", Source::kComputed, file, line);
+  OomReport o;
+  o.phase = v.first.first;
+  o.largest = v.second.first;
+  o.by_tag = v.second.second;
+  ints = v.first.second;
+  if (ints.size() != 9) {
+    ADD_FAILURE_AT(file, line) << "an OomReport recorded in another form";
+    return o;
+  }
+  o.rank = static_cast<int>(ints[0]), o.step = ints[1];
+  o.requested = static_cast<size_t>(ints[2]), o.current = static_cast<size_t>(ints[3]);
+  o.limit = static_cast<size_t>(ints[4]);
+  o.parameters = ints[5], o.gradients = ints[6];
+  o.optimizer_state = ints[7], o.activations = ints[8];
+  return o;
+}
+
+// What fn raised on this rank: whether it raised E, its finding and its message, observed.
+struct Raised {
+  bool raised = false;
+  Finding finding;
+  std::string message;
+};
+template <typename E, typename Fn>
+Raised raised_by(Fn&& fn, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  Raised r;
+  try {
+    fn();
+  } catch (const E& e) {
+    r.raised = true, r.finding = e.finding, r.message = e.what();
+  }
+  r.raised = dtl::testing::observe(r.raised, "whether it raised", Source::kComputed, file, line);
+  r.finding = observed(r.finding, file, line);
+  r.message = dtl::testing::observe(std::move(r.message), "the error message", Source::kComputed,
+                                    file, line);
+  return r;
+}
+
+// A JSON file the code under test (or a job running it) wrote, read back: its text observed
+// (kMeasured for a file of the given code's figures), then parsed as read_json parses (a missing
+// or broken file is not an object).
+inline json observed_json(const std::string& path, Source source = Source::kComputed,
+                          const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text = dtl::testing::observe(std::move(text), "a JSON file the code wrote", source, file, line);
+  return json::parse(text, nullptr, false);
+}
+// Whether a path exists (observed: what the code left in the scratch directory).
+inline bool observed_exists(const std::string& path, const char* file = __builtin_FILE(),
+                            int line = __builtin_LINE()) {
+  return dtl::testing::observe(fs::exists(path), "whether a path exists", Source::kComputed, file,
+                               line);
+}
+// A path the code returned, relative to `dir` (every run has a scratch directory of its own);
+// a path outside dir stays whole.
+inline std::string observed_relative(const std::string& path, const std::string& dir,
+                                     const char* file = __builtin_FILE(),
+                                     int line = __builtin_LINE()) {
+  const std::string rel = path.rfind(dir + "/", 0) == 0 ? path.substr(dir.size() + 1) : path;
+  return dtl::testing::observe(rel, "a path under the scratch directory", Source::kComputed, file,
+                               line);
+}
+
 // ---------------------------------------------------------------- dumps written by hand
 
 // One entry of a dump, in the format of debug.hpp.
@@ -107,9 +280,11 @@ inline void write_dump(const std::string& dir, const DumpSpec& d) {
   std::ofstream(dir + "/rank-" + std::to_string(d.rank) + ".json") << j.dump(1);
 }
 
-// Runs `fn(dir)` on rank 0 to write a dump directory, then analyze() on every rank.
+// Runs `fn(dir)` on rank 0 to write a dump directory, then analyze() on every rank: its result
+// observed (the tests assert on nothing else of it).
 template <typename Fn>
-Analysis analyze_written(Comm& comm, const std::string& dir, Fn&& fn) {
+Analysis analyze_written(Comm& comm, const std::string& dir, Fn&& fn,
+                         const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   const std::string sub = dir + "/case";
   if (comm.rank() == 0) {
     fs::remove_all(sub);
@@ -119,7 +294,7 @@ Analysis analyze_written(Comm& comm, const std::string& dir, Fn&& fn) {
   comm.barrier();
   Analysis a = analyze(sub);
   comm.barrier();
-  return a;
+  return observed(a, file, line);
 }
 
 // ---------------------------------------------------------------- the child job
@@ -176,27 +351,41 @@ inline FaultRun fault_job(const std::string& what, int ranks, const std::string&
   auto scratch_dir = scratch(*comm);
   const std::string& dir = scratch_dir.path();
   FaultRun r;
-  r.job = dtl::testing::run_job(
+  const dtl::testing::JobResult job = dtl::testing::run_job(
       "lab18_debug", ranks,
       {"dir=" + dir, "fault=" + fault, "fault_rank=" + std::to_string(fault_rank), "fault_step=1",
        std::string("desync=") + (desync ? "1" : "0"), "timeout=" + std::to_string(kFaultTimeout),
        "grace=" + std::to_string(kFaultGrace)},
       kJobLimit, {"OMPI_MCA_orte_enable_recovery=1"});
+  // How the job ended is the student's run's (MEASURED); what it left (the report, the dumps)
+  // is its result (observed). fault.json holds the given fault injector's time: MEASURED.
+  const auto ends = dtl::testing::observe(
+      std::make_pair(std::vector<int64_t>{job.exit_code, job.signal, job.timed_out ? 1 : 0},
+                     std::make_pair(job.seconds, job.output)),
+      "the job's end (exit code, signal, timed out; seconds, output)", Source::kMeasured);
+  if (ends.first.size() == 3) {
+    r.job.exit_code = static_cast<int>(ends.first[0]);
+    r.job.signal = static_cast<int>(ends.first[1]);
+    r.job.timed_out = ends.first[2] != 0;
+  }
+  r.job.seconds = ends.second.first;
+  r.job.output = ends.second.second;
   const std::string& out = r.job.output;
   const size_t ni = out.find("not implemented");
   if (ni != std::string::npos) {  // an unfinished lab fails as such, with the child's words
     const size_t from = out.rfind('\n', ni), to = out.find('\n', ni);
     throw dtl::NotImplemented(out.substr(from == std::string::npos ? 0 : from + 1, to - from));
   }
-  r.report = read_json(dir + "/report.json");
-  r.fault = read_json(dir + "/fault.json");
-  r.trigger = fs::exists(dir + "/trigger");
+  r.report = observed_json(dir + "/report.json");
+  r.fault = observed_json(dir + "/fault.json", Source::kMeasured);
+  r.trigger = observed_exists(dir + "/trigger");
+  std::map<int, std::string> reasons;  // the dumps that exist, with their reasons
   for (int k = 0; k < ranks; ++k) {
     const json d = read_json(dir + "/rank-" + std::to_string(k) + ".json");
-    if (!d.is_object()) continue;
-    r.dumps.push_back(k);
-    r.reasons[k] = d.value("reason", "");
+    if (d.is_object()) reasons[k] = d.value("reason", "");
   }
+  r.reasons = dtl::testing::observe(std::move(reasons), "the dumps' reasons", Source::kComputed);
+  for (const auto& [k, reason] : r.reasons) r.dumps.push_back(k);
   if (r.report.is_object() && r.report.contains("findings") && !r.report["findings"].empty())
     r.first = r.report["findings"][0].get<Finding>();
   if (r.report.is_object() && r.fault.is_object())

@@ -13,6 +13,7 @@
 #include "dtl/harness/checks.hpp"  // defines: expect_error_mentions, DTL_EXPECT_CLOSE
 #include "dtl/mesh.hpp"            // defines: MeshLayout (the oracle)
 #include "parallel_state.hpp"
+#include "tests/parallel_state_test_util.hpp"  // defines: observed(ParallelPlan)
 #include "tests/tpt_test_util.hpp"  // lab 09's: the TP GPT's serial-training oracle
 
 namespace lab19_test {
@@ -32,7 +33,7 @@ using Groups = std::vector<std::vector<int>>;
 
 TEST(RankGroups, GenerateMaskedOrthogonalDocstring) {
   // sizes (tp, dp, pp) = (2, 3, 4), the dp groups.
-  const Groups dp = rank_groups({2, 3, 4}, {false, true, false});
+  const Groups dp = OBSERVE(rank_groups({2, 3, 4}, {false, true, false}));
   ASSERT_EQ(dp.size(), 8u);
   EXPECT_EQ(dp[0], (std::vector<int>{0, 2, 4}));
   EXPECT_EQ(dp[1], (std::vector<int>{1, 3, 5}));
@@ -43,35 +44,60 @@ TEST(RankGroups, GenerateMaskedOrthogonalDocstring) {
 // initialize_model_parallel's docstring: 16 GPUs, tp 2, pp 4, so dp 2.
 TEST(RankGroups, MegatronSixteenGpuExample) {
   const RankGenerator g(/*tp=*/2, /*ep=*/1, /*dp=*/2, /*pp=*/4, /*cp=*/1);
-  EXPECT_EQ(g.world_size(), 16);
-  EXPECT_EQ(g.get_ranks("tp"), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
-  EXPECT_EQ(g.get_ranks("pp"), (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
-  EXPECT_EQ(g.get_ranks("dp"), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
-  EXPECT_EQ(g.get_ranks("tp-pp"), (Groups{{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}}));
-  EXPECT_EQ(g.order(), "tp-cp-ep-dp-pp");
+  EXPECT_EQ(OBSERVE(g.world_size()), 16);
+  EXPECT_EQ(OBSERVE(g.get_ranks("tp")),
+            (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(OBSERVE(g.get_ranks("pp")),
+            (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
+  EXPECT_EQ(OBSERVE(g.get_ranks("dp")),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(OBSERVE(g.get_ranks("tp-pp")),
+            (Groups{{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}}));
+  EXPECT_EQ(OBSERVE(g.order()), "tp-cp-ep-dp-pp");
 }
 
 // Context parallelism (Megatron's docs): 8 GPUs at tp 4, cp 2; and tp 2, cp 2, dp 2, pp 2.
 TEST(RankGroups, ContextParallelExamples) {
   const RankGenerator a(4, 1, 1, 1, 2);
-  EXPECT_EQ(a.get_ranks("cp"), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(OBSERVE(a.get_ranks("cp")), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
   const RankGenerator b(2, 1, 2, 2, 2);
-  EXPECT_EQ(b.get_ranks("cp")[0], (std::vector<int>{0, 2}));
-  EXPECT_EQ(b.get_ranks("dp")[0], (std::vector<int>{0, 4}));
-  EXPECT_EQ(b.get_ranks("dp-cp")[0], (std::vector<int>{0, 2, 4, 6}));
-  EXPECT_EQ(b.get_ranks("pp")[0], (std::vector<int>{0, 8}));
+  EXPECT_EQ(OBSERVE(b.get_ranks("cp").at(0)), (std::vector<int>{0, 2}));
+  EXPECT_EQ(OBSERVE(b.get_ranks("dp").at(0)), (std::vector<int>{0, 4}));
+  EXPECT_EQ(OBSERVE(b.get_ranks("dp-cp").at(0)), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(OBSERVE(b.get_ranks("pp").at(0)), (std::vector<int>{0, 8}));
+}
+
+// A digest of lists of groups (their sizes and members, in order).
+uint64_t digest_of(const std::vector<Groups>& all) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i)
+      h = (h ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  for (const Groups& groups : all) {
+    mix(static_cast<int64_t>(groups.size()));
+    for (const auto& g : groups) {
+      mix(static_cast<int64_t>(g.size()));
+      for (int r : g) mix(r);
+    }
+  }
+  return h;
 }
 
 // Every order of the four dense dimensions, every split of every world up to 64, every group
 // token of one or two dimensions: exactly the runtime MeshLayout's groups (disjoint, covering,
-// increasing, ordered by first rank).
+// increasing, ordered by first rank). The code's groups of one world (every split and token) are
+// observed by their digest, and whole only where it differs from the mesh's: the split run does
+// not ship twelve million ranks to say that they match.
 TEST(RankGroups, EveryOrderAndSizeMatchesTheMesh) {
   std::vector<std::string> dims = {"tp", "cp", "dp", "pp"};
   std::sort(dims.begin(), dims.end());
   int checked = 0;
   do {
     const std::string order = dims[0] + "-" + dims[1] + "-" + dims[2] + "-" + dims[3];
-    for (int world = 1; world <= 64; ++world)
+    for (int world = 1; world <= 64; ++world) {
+      std::vector<Groups> got, want;
+      std::vector<std::string> what;
       for (int tp = 1; tp <= world; ++tp)
         for (int cp = 1; tp * cp <= world; ++cp)
           for (int pp = 1; tp * cp * pp <= world; ++pp) {
@@ -86,12 +112,21 @@ TEST(RankGroups, EveryOrderAndSizeMatchesTheMesh) {
                                       {"dp", "cp"}, {"tp", "pp"}, {"tp", "dp"}}) {
               std::string name = token[0];
               for (size_t k = 1; k < token.size(); ++k) name += "-" + token[k];
-              ASSERT_EQ(g.get_ranks(name), mesh.groups(token))
-                  << "order " << order << ", tp " << tp << " cp " << cp << " dp " << dp << " pp "
-                  << pp << ", token " << name;
+              got.push_back(g.get_ranks(name));
+              want.push_back(mesh.groups(token));
+              what.push_back("order " + order + ", tp " + std::to_string(tp) + " cp " +
+                             std::to_string(cp) + " dp " + std::to_string(dp) + " pp " +
+                             std::to_string(pp) + ", token " + name);
               ++checked;
             }
           }
+      if (OBSERVE(digest_of(got)) == digest_of(want)) continue;
+      const std::vector<Groups> theirs = OBSERVE(got);
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(i < theirs.size() ? theirs[i] : Groups{}, want[i]) << what[i];
+      FAIL() << "order " << order << ", world " << world << ": " << theirs.size()
+             << " lists of groups for " << want.size();
+    }
   } while (std::next_permutation(dims.begin(), dims.end()));
   EXPECT_GT(checked, 10000);
 }
@@ -126,36 +161,61 @@ TEST(ParallelStateGroups, SubCommsConnectTheirGroups) {
         const std::string what = "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " cp " +
                                  std::to_string(cp) + " on " + std::to_string(n);
         const RankGenerator dense(tp, 1, n / (tp * pp * cp), pp, cp);
-        EXPECT_EQ(ps.groups("tp-dp-cp"), dense.get_ranks("tp-dp-cp")) << what;
-        EXPECT_EQ(ps.groups("pp"), dense.get_ranks("pp")) << what;
-        EXPECT_EQ(ps.size("dp"), n / (tp * pp * cp)) << what;
+        EXPECT_EQ(OBSERVE(ps.groups("tp-dp-cp")), OBSERVE(dense.get_ranks("tp-dp-cp"))) << what;
+        EXPECT_EQ(OBSERVE(ps.groups("pp")), OBSERVE(dense.get_ranks("pp"))) << what;
+        EXPECT_EQ(OBSERVE(ps.size("dp")), n / (tp * pp * cp)) << what;
+        // Each sub-Comm first (its collectives follow this run's own groups), then what it
+        // showed, observed: per name whether the rank is in a group, the group, the sub-Comm's
+        // size and rank, and the all-reduce of the members' world ranks.
+        std::vector<std::pair<std::vector<int>, std::pair<std::vector<int>, double>>> seen;
         for (const auto& name : ParallelState::group_names()) {
           const std::vector<int> mine = ps.group_of(name);
-          ASSERT_EQ(ps.has(name), !mine.empty()) << what << ", " << name;
+          int size = 0, rank = -1;
+          double sum = 0;
+          if (!mine.empty()) {
+            dtl::Comm& sub = ps.comm(name);
+            size = sub.size();
+            rank = sub.rank();
+            torch::Tensor t = torch::full({1}, static_cast<double>(me),
+                                          dtl::testing::device_options(torch::kFloat64));
+            sub.all_reduce(t);
+            sum = t.item<double>();
+          }
+          seen.push_back({{ps.has(name) ? 1 : 0, size, rank}, {mine, sum}});
+        }
+        seen = OBSERVE(seen);
+        ASSERT_EQ(seen.size(), ParallelState::group_names().size());
+        for (size_t k = 0; k < seen.size(); ++k) {
+          const std::string& name = ParallelState::group_names()[k];
+          const auto& flags = seen[k].first;  // has, size, rank
+          const std::vector<int>& mine = seen[k].second.first;
+          ASSERT_EQ(flags.size(), 3u);
+          ASSERT_EQ(flags[0] != 0, !mine.empty()) << what << ", " << name;
           if (mine.empty()) continue;
-          dtl::Comm& sub = ps.comm(name);
-          ASSERT_EQ(sub.size(), static_cast<int>(mine.size())) << what << ", " << name;
-          EXPECT_EQ(mine[static_cast<size_t>(sub.rank())], me) << what << ", " << name
-                                                              << ": the sub-Comm's order is the group's";
-          torch::Tensor t = torch::full({1}, static_cast<double>(me), dtl::testing::device_options(torch::kFloat64));
-          sub.all_reduce(t);
-          EXPECT_EQ(t.item<double>(), std::accumulate(mine.begin(), mine.end(), 0.0)) << what << ", " << name;
+          ASSERT_EQ(flags[1], static_cast<int>(mine.size())) << what << ", " << name;
+          EXPECT_EQ(mine.at(static_cast<size_t>(flags[2])), me)
+              << what << ", " << name << ": the sub-Comm's order is the group's";
+          EXPECT_EQ(seen[k].second.second, std::accumulate(mine.begin(), mine.end(), 0.0))
+              << what << ", " << name;
         }
         // Embedding groups: the first and last stage of each pipeline.
-        for (const auto& pipeline : ps.groups("pp")) {
-          const auto& emb = ps.groups("embedding");
+        const Groups pipelines = OBSERVE(ps.groups("pp"));
+        const Groups emb = OBSERVE(ps.groups("embedding"));
+        for (const auto& pipeline : pipelines) {
+          ASSERT_FALSE(pipeline.empty()) << what;
           const std::vector<int> want = pp == 1 ? std::vector<int>{pipeline.front()}
                                                 : std::vector<int>{pipeline.front(), pipeline.back()};
           EXPECT_NE(std::find(emb.begin(), emb.end(), want), emb.end()) << what;
         }
-        EXPECT_EQ(ps.coord("tp"), me % tp) << what;
-        EXPECT_EQ(ps.coord("pp"), me / (tp * cp * (n / (tp * pp * cp)))) << what;
+        EXPECT_EQ(OBSERVE(ps.coord("tp")), me % tp) << what;
+        EXPECT_EQ(OBSERVE(ps.coord("pp")), me / (tp * cp * (n / (tp * pp * cp)))) << what;
         // Every coordinate is this rank's position in its group of that dimension.
         for (const char* dim : {"tp", "cp", "dp", "pp", "ep", "expert_dp"}) {
-          const std::vector<int> mine = ps.group_of(dim);
+          const std::vector<int> mine = OBSERVE(ps.group_of(dim));
           const auto at = std::find(mine.begin(), mine.end(), me);
           ASSERT_NE(at, mine.end()) << what << ", " << dim;
-          EXPECT_EQ(ps.coord(dim), static_cast<int>(at - mine.begin())) << what << ", " << dim;
+          EXPECT_EQ(OBSERVE(ps.coord(dim)), static_cast<int>(at - mine.begin()))
+              << what << ", " << dim;
         }
       }
 }
@@ -166,21 +226,21 @@ TEST(ParallelStateGroups, ExpertGridComesOutOfDataParallelRanks) {
   ParallelConfig c;
   c.ep = 2;  // tp 1, dp 4: experts over pairs of data-parallel ranks
   ParallelState ps(*world, c);
-  EXPECT_EQ(ps.groups("ep"), (Groups{{0, 1}, {2, 3}}));
-  EXPECT_EQ(ps.groups("expert_dp"), (Groups{{0, 2}, {1, 3}}));
-  EXPECT_EQ(ps.size("expert_dp"), 2);
-  EXPECT_EQ(ps.coord("ep"), world->rank() % 2);
+  EXPECT_EQ(OBSERVE(ps.groups("ep")), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(OBSERVE(ps.groups("expert_dp")), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(OBSERVE(ps.size("expert_dp")), 2);
+  EXPECT_EQ(OBSERVE(ps.coord("ep")), world->rank() % 2);
   // With context parallelism the experts come out of dp x cp: cp 2, dp 2, ep 2 gives an
   // expert data-parallel size of 2 (dp x cp / ep), not dp / ep.
   ParallelConfig c2;
   c2.cp = 2;
   c2.ep = 2;
   ParallelState ps2(*world, c2);
-  EXPECT_EQ(ps2.groups("cp"), (Groups{{0, 1}, {2, 3}}));
-  EXPECT_EQ(ps2.groups("dp"), (Groups{{0, 2}, {1, 3}}));
-  EXPECT_EQ(ps2.groups("ep"), (Groups{{0, 1}, {2, 3}}));
-  EXPECT_EQ(ps2.groups("expert_dp"), (Groups{{0, 2}, {1, 3}}));
-  EXPECT_EQ(ps2.size("expert_dp"), 2);
+  EXPECT_EQ(OBSERVE(ps2.groups("cp")), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(OBSERVE(ps2.groups("dp")), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(OBSERVE(ps2.groups("ep")), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(OBSERVE(ps2.groups("expert_dp")), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(OBSERVE(ps2.size("expert_dp")), 2);
 }
 
 // tp x dp training (tp 2 where the world is even) with the model on the ParallelState's tp
@@ -243,12 +303,12 @@ dtl::lab19::GPTConfig model(int64_t layers = 8, int64_t heads = 8, int64_t vocab
 }
 
 TEST(Megatron, TranslatesEveryFlag) {
-  const ParallelPlan p = from_megatron_args(
-      {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=2", "--sequence-parallel",
-       "--micro-batch-size", "2", "--global-batch-size", "64", "--num-layers-per-virtual-pipeline-stage",
-       "2", "--use-distributed-optimizer", "--recompute-granularity", "selective", "--clip-grad", "0.5",
-       "--bf16"},
-      16, model());
+  const ParallelPlan p = observed(from_megatron_args(
+      {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=2",
+       "--sequence-parallel", "--micro-batch-size", "2", "--global-batch-size", "64",
+       "--num-layers-per-virtual-pipeline-stage", "2", "--use-distributed-optimizer",
+       "--recompute-granularity", "selective", "--clip-grad", "0.5", "--bf16"},
+      16, model()));
   EXPECT_EQ(p.world, 16);
   EXPECT_EQ(p.tp, 2);
   EXPECT_EQ(p.pp, 2);
@@ -264,14 +324,15 @@ TEST(Megatron, TranslatesEveryFlag) {
   EXPECT_EQ(p.grad_clip, 0.5);
   EXPECT_EQ(p.precision, "bf16");
   // 12 layers over 2 stages: 6 per stage, chunks of 2 layers: 3 chunks per pipeline rank.
-  const ParallelPlan v = from_megatron_args(
+  const ParallelPlan v = observed(from_megatron_args(
       {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"}, 2,
-      model(12));
+      model(12)));
   EXPECT_EQ(v.virtual_stages, 3);
 }
 
 TEST(Megatron, DefaultsAreMegatrons) {
-  const ParallelPlan p = from_megatron_args({"--micro-batch-size", "4", "--sequence-parallel"}, 8, model());
+  const ParallelPlan p =
+      observed(from_megatron_args({"--micro-batch-size", "4", "--sequence-parallel"}, 8, model()));
   EXPECT_EQ(p.dp, 8);
   EXPECT_EQ(p.global_batch, 32) << "global batch defaults to micro x dp";
   EXPECT_EQ(p.grad_accum, 1);
@@ -283,7 +344,7 @@ TEST(Megatron, DefaultsAreMegatrons) {
   EXPECT_EQ(p.virtual_stages, 1);
   // Without context parallelism the sequence may have any length (Megatron checks 2 x cp only
   // for cp > 1).
-  EXPECT_EQ(from_megatron_args({}, 2, model(8, 8, 256, 63)).dp, 2);
+  EXPECT_EQ(OBSERVE(from_megatron_args({}, 2, model(8, 8, 256, 63)).dp), 2);
 }
 
 TEST(Megatron, BadFlagsAreNamed) {
@@ -313,13 +374,16 @@ TEST(Megatron, BadFlagsAreNamed) {
 TEST(DeepSpeed, BatchArithmetic) {
   const auto m = model();
   // world 8, tp 2, pp 1: dp 4.
-  auto p = from_deepspeed_config(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2})", 8, 2, 1, m);
+  auto p = observed(from_deepspeed_config(
+      R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2})", 8, 2, 1, m));
   EXPECT_EQ(p.grad_accum, 8);
-  p = from_deepspeed_config(R"({"train_batch_size": 64, "gradient_accumulation_steps": 4})", 8, 2, 1, m);
+  p = observed(from_deepspeed_config(
+      R"({"train_batch_size": 64, "gradient_accumulation_steps": 4})", 8, 2, 1, m));
   EXPECT_EQ(p.micro_batch, 4);
-  p = from_deepspeed_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 8, 2, 1, m);
+  p = observed(from_deepspeed_config(
+      R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 8, 2, 1, m));
   EXPECT_EQ(p.global_batch, 24);
-  p = from_deepspeed_config(R"({"train_batch_size": 32})", 8, 2, 1, m);
+  p = observed(from_deepspeed_config(R"({"train_batch_size": 32})", 8, 2, 1, m));
   EXPECT_EQ(p.micro_batch, 8);
   EXPECT_EQ(p.grad_accum, 1);
   expect_error_mentions([&] {
@@ -330,14 +394,15 @@ TEST(DeepSpeed, BatchArithmetic) {
 // The same run written for both frameworks: one plan.
 TEST(DeepSpeed, SamePlanAsMegatron) {
   const auto m = model();
-  const ParallelPlan megatron = from_megatron_args(
-      {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
-       "--global-batch-size", "32", "--use-distributed-optimizer", "--bf16"},
-      8, m);
-  const ParallelPlan deepspeed = from_deepspeed_config(
+  const ParallelPlan megatron = observed(
+      from_megatron_args({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
+                          "2", "--micro-batch-size", "2", "--global-batch-size", "32",
+                          "--use-distributed-optimizer", "--bf16"},
+                         8, m));
+  const ParallelPlan deepspeed = observed(from_deepspeed_config(
       R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
           "zero_optimization": {"stage": 1}, "bf16": {"enabled": true}})",
-      8, 2, 2, m);
+      8, 2, 2, m));
   EXPECT_EQ(megatron, deepspeed) << megatron.to_string() << "\n" << deepspeed.to_string();
 }
 

@@ -55,6 +55,118 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 inline Plan plan_of(const std::string& text) { return dtl::lab20::parse_plan(text); }
 
+// ---------------------------------------------------------------- observations
+//
+// In the autograder's split run (dtl/harness/observe.hpp) the driver checks the student's
+// numbers: the planner's results are OBSERVEd as lists of their fields; the trainer's losses
+// are observed, its throughput (timed in the student's process) MEASURED.
+
+using dtl::testing::Source;
+
+// An Estimate as 25 numbers: the plan (tp, pp, dp, cp, zero, checkpointing, micro_batch,
+// virtual_stages), the memory (3), the step time (8), fits, and the five figures.
+inline std::vector<double> estimate_values(const Estimate& e) {
+  const Plan& p = e.plan;
+  const auto& m = e.memory;
+  const auto& t = e.time;
+  return {double(p.tp),
+          double(p.pp),
+          double(p.dp),
+          double(p.cp),
+          double(p.zero_stage),
+          double(static_cast<int>(p.checkpointing)),
+          double(p.micro_batch),
+          double(p.virtual_stages),
+          m.states,
+          m.activations,
+          m.logits,
+          t.compute,
+          t.tp_comm,
+          t.cp_comm,
+          t.p2p,
+          t.bubble,
+          t.dp_comm,
+          t.dp_exposed,
+          t.total,
+          e.fits ? 1.0 : 0.0,
+          e.memory_gb_per_gpu,
+          e.step_s,
+          e.tokens_per_s,
+          e.tflops_per_gpu,
+          e.mfu};
+}
+inline Estimate estimate_from(const std::vector<double>& v, const char* file, int line) {
+  Estimate e;
+  if (v.size() != 25) {
+    ADD_FAILURE_AT(file, line) << "an Estimate recorded with " << v.size() << " numbers";
+    return e;
+  }
+  Plan& p = e.plan;
+  p.tp = int(v[0]), p.pp = int(v[1]), p.dp = int(v[2]), p.cp = int(v[3]), p.zero_stage = int(v[4]);
+  p.checkpointing = static_cast<Checkpointing>(int(v[5]));
+  p.micro_batch = int64_t(v[6]), p.virtual_stages = int(v[7]);
+  e.memory = {v[8], v[9], v[10]};
+  e.time = {v[11], v[12], v[13], v[14], v[15], v[16], v[17], v[18]};
+  e.fits = v[19] != 0;
+  e.memory_gb_per_gpu = v[20], e.step_s = v[21], e.tokens_per_s = v[22];
+  e.tflops_per_gpu = v[23], e.mfu = v[24];
+  return e;
+}
+inline Estimate observed(const Estimate& e, const char* file = __builtin_FILE(),
+                         int line = __builtin_LINE()) {
+  return estimate_from(
+      dtl::testing::observe(estimate_values(e), "an Estimate", Source::kComputed, file, line), file,
+      line);
+}
+// The Memory and StepTime parts alone, the same way.
+inline dtl::lab20::Memory observed(const dtl::lab20::Memory& m, const char* file = __builtin_FILE(),
+                                   int line = __builtin_LINE()) {
+  Estimate e;
+  e.memory = m;
+  return observed(e, file, line).memory;
+}
+inline dtl::lab20::StepTime observed(const dtl::lab20::StepTime& t,
+                                     const char* file = __builtin_FILE(),
+                                     int line = __builtin_LINE()) {
+  Estimate e;
+  e.time = t;
+  return observed(e, file, line).time;
+}
+
+// A planner's report: every ranked plan (its Estimate and verdict) and the fastest throughput.
+inline dtl::lab20::PlanReport observed(const dtl::lab20::PlanReport& r,
+                                       const char* file = __builtin_FILE(),
+                                       int line = __builtin_LINE()) {
+  std::vector<std::pair<std::vector<double>, std::string>> list;
+  for (const auto& ranked : r.plans)
+    list.emplace_back(estimate_values(ranked.estimate), ranked.verdict);
+  auto v = dtl::testing::observe(std::make_pair(std::move(list), r.fastest_tokens_per_s),
+                                 "the plans (estimate, verdict) and the fastest", Source::kComputed,
+                                 file, line);
+  dtl::lab20::PlanReport o;
+  for (const auto& [values, verdict] : v.first)
+    o.plans.push_back({estimate_from(values, file, line), verdict});
+  o.fastest_tokens_per_s = v.second;
+  return o;
+}
+
+// A trainer's result: losses, first step and checkpoint observed; tokens/s and MFU MEASURED.
+inline TrainResult observed(const TrainResult& r, const char* file = __builtin_FILE(),
+                            int line = __builtin_LINE()) {
+  TrainResult o;
+  const auto v =
+      dtl::testing::observe(std::make_pair(r.losses, std::make_pair(r.first_step, r.checkpoint)),
+                            "the losses, first step and checkpoint", Source::kComputed, file, line);
+  o.losses = v.first;
+  o.first_step = v.second.first;
+  o.checkpoint = v.second.second;
+  const auto timed = dtl::testing::observe(std::make_pair(r.tokens_per_s, r.mfu),
+                                           "tokens/s and MFU", Source::kMeasured, file, line);
+  o.tokens_per_s = timed.first;
+  o.mfu = timed.second;
+  return o;
+}
+
 // A cost model with the given constants and software (usable memory as the default).
 inline CostModel cost(double eps, double kappa, double omega, bool flash = false, bool sp = false) {
   CostModel c;
@@ -113,7 +225,7 @@ inline void expect_follows_serial(const std::string& plan, const TrainOptions& o
                                   double rtol = 1e-4) {
   const std::vector<double> want = serial_losses(o);
   auto comm = dtl::testing::fresh_comm();
-  const TrainResult got = dtl::lab20::train(plan_of(plan), o, *comm);
+  const TrainResult got = observed(dtl::lab20::train(plan_of(plan), o, *comm));
   ASSERT_EQ(got.losses.size(), want.size()) << plan;
   EXPECT_EQ(got.first_step, 0) << plan;
   for (size_t k = 0; k < want.size(); ++k)
