@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -112,6 +113,18 @@ int validate_rubrics(const Options& opt) {
                               e.path().filename().string(), n, inc));
       }
     }
+    // Tests that start jobs of their own (dtl/harness/jobs.hpp: a run of mpiexec) need the
+    // sandbox to let student runs create processes; without it an honest submission fails them.
+    if (!r.sandbox_processes)
+      for (const fs::path dir : {lab_dir / "tests", fs::path(opt.source) / "grading" / r.slug})
+        for (auto& e : fs::directory_iterator(dir, ec)) {
+          std::ifstream in(e.path());
+          const std::string text{std::istreambuf_iterator<char>(in), {}};
+          if (text.find("#include \"dtl/harness/jobs.hpp\"") != std::string::npos)
+            problem(r, fmt::format("{} starts jobs (dtl/harness/jobs.hpp): the rubric needs "
+                                   "\"sandbox\": {{\"processes\": true}}",
+                                   e.path().filename().string()));
+        }
     // The reference passes its own lab's audit: the policy rejects no honest code that the
     // course itself writes (a new deny pattern that catches a reference fails here, in CI).
     if (has_reference) {
