@@ -39,29 +39,20 @@ using dtl::testing::fresh_comm;
 // The formulas' results from the code under test, observed (dtl/harness/observe.hpp) as one
 // list of their fields: in the autograder's split run the assertions on them are checked on the
 // student's numbers.
-inline void observe_fields(const char* what, std::initializer_list<int64_t*> fields,
-                           const char* file, int line) {
-  std::vector<int64_t> v;
-  for (const int64_t* f : fields) v.push_back(*f);
-  v = dtl::testing::observe(std::move(v), what, dtl::testing::Source::kComputed, file, line);
-  if (v.size() != fields.size()) {
-    ADD_FAILURE_AT(file, line) << what << ": " << v.size() << " fields recorded";
-    return;
-  }
-  size_t i = 0;
-  for (int64_t* f : fields) *f = v[i++];
-}
 inline dtl::lab15::StepTraffic observed(dtl::lab15::StepTraffic t,
                                         const char* file = __builtin_FILE(),
                                         int line = __builtin_LINE()) {
-  observe_fields("StepTraffic (all_gather, reduce_scatter, all_reduce)",
-                 {&t.all_gather, &t.reduce_scatter, &t.all_reduce}, file, line);
+  dtl::testing::observe_fields<int64_t>("StepTraffic (all_gather, reduce_scatter, all_reduce)",
+                                        {&t.all_gather, &t.reduce_scatter, &t.all_reduce},
+                                        dtl::testing::Source::kComputed, file, line);
   return t;
 }
 inline dtl::lab15::ParamBytes observed(dtl::lab15::ParamBytes b,
                                        const char* file = __builtin_FILE(),
                                        int line = __builtin_LINE()) {
-  observe_fields("ParamBytes (sharded, unsharded)", {&b.sharded, &b.unsharded}, file, line);
+  dtl::testing::observe_fields<int64_t>("ParamBytes (sharded, unsharded)",
+                                        {&b.sharded, &b.unsharded},
+                                        dtl::testing::Source::kComputed, file, line);
   return b;
 }
 // A wrap policy's units as the student's code defines them, observed: names and parameter names.

@@ -48,26 +48,13 @@ inline std::vector<dtl::lab16::RankOverlap> observed(const std::vector<dtl::lab1
   return out;
 }
 
-// Observes the figures of a result as one list of its fields, in place.
-inline void observe_fields(const char* what, std::initializer_list<double*> fields,
-                           dtl::testing::Source source, const char* file, int line) {
-  std::vector<double> v;
-  for (const double* f : fields) v.push_back(*f);
-  v = dtl::testing::observe(std::move(v), what, source, file, line);
-  if (v.size() != fields.size()) {
-    ADD_FAILURE_AT(file, line) << what << ": " << v.size() << " figures recorded";
-    return;
-  }
-  size_t i = 0;
-  for (double* f : fields) *f = v[i++];
-}
 inline dtl::lab16::BucketTiming observed(dtl::lab16::BucketTiming t,
                                          const char* file = __builtin_FILE(),
                                          int line = __builtin_LINE()) {
   t.buckets = dtl::testing::observe(t.buckets, "BucketTiming.buckets",
                                     dtl::testing::Source::kComputed, file, line);
-  observe_fields("BucketTiming (total, exposed)", {&t.total, &t.exposed},
-                 dtl::testing::Source::kComputed, file, line);
+  dtl::testing::observe_fields<double>("BucketTiming (total, exposed)", {&t.total, &t.exposed},
+                                       dtl::testing::Source::kComputed, file, line);
   return t;
 }
 
@@ -75,9 +62,9 @@ inline dtl::lab16::BucketTiming observed(dtl::lab16::BucketTiming t,
 // process's (MEASURED).
 inline dtl::trace::Summary measured(dtl::trace::Summary s, const char* file = __builtin_FILE(),
                                     int line = __builtin_LINE()) {
-  observe_fields("Summary (wall, compute, comm, exposed_comm)",
-                 {&s.wall, &s.compute, &s.comm, &s.exposed_comm}, dtl::testing::Source::kMeasured,
-                 file, line);
+  dtl::testing::observe_fields<double>("Summary (wall, compute, comm, exposed_comm)",
+                                       {&s.wall, &s.compute, &s.comm, &s.exposed_comm},
+                                       dtl::testing::Source::kMeasured, file, line);
   return s;
 }
 

@@ -38,6 +38,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <set>
@@ -322,6 +323,24 @@ std::decay_t<T> observe(T&& value, const char* what = "value", Source source = S
     od::malformed(site, e.what());
     return std::forward<T>(value);
   }
+}
+
+// Observes a result's numeric fields as one list, in place: for a struct without a codec of its
+// own, e.g. observe_fields("Summary (wall, comm)", {&s.wall, &s.comm}, Source::kComputed, f, l).
+// A recorded list of another length fails the test as unreadable and keeps the local values.
+template <typename T>
+void observe_fields(const char* what, std::initializer_list<T*> fields, Source source,
+                    const char* file, int line) {
+  std::vector<T> v;
+  for (const T* f : fields) v.push_back(*f);
+  v = observe(std::move(v), what, source, file, line);
+  if (v.size() != fields.size()) {
+    observe_detail::malformed({what, file, line}, std::to_string(v.size()) + " fields, expected " +
+                                                      std::to_string(fields.size()));
+    return;
+  }
+  size_t i = 0;
+  for (T* f : fields) *f = v[i++];
 }
 
 }  // namespace dtl::testing
