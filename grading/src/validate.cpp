@@ -116,7 +116,7 @@ int validate_rubrics(const Options& opt) {
     // Tests that start jobs of their own (dtl/harness/jobs.hpp: a run of mpiexec) need the
     // sandbox to let student runs create processes; without it an honest submission fails them.
     if (!r.sandbox_processes)
-      for (const fs::path dir : {lab_dir / "tests", fs::path(opt.source) / "grading" / r.slug})
+      for (const fs::path& dir : {lab_dir / "tests", fs::path(opt.source) / "grading" / r.slug})
         for (auto& e : fs::directory_iterator(dir, ec)) {
           std::ifstream in(e.path());
           const std::string text{std::istreambuf_iterator<char>(in), {}};
