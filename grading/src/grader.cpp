@@ -424,11 +424,8 @@ GroupRun Grader::score_group(const TestGroup& g, int n, const std::vector<std::s
   } else if (!hang_state.empty() && !ok) {
     run.reason =
         fmt::format("hang at n={} stopped by the watchdog: {}", n, first_line(hang_state, 300));
-  } else if (auto sig = res.output.find("exited on signal"); sig != std::string::npos) {
-    auto start = res.output.rfind('\n', sig);
-    run.reason =
-        fmt::format("crashed at n={}: {}", n,
-                    first_line(res.output.substr(start == std::string::npos ? 0 : start + 1)));
+  } else if (const std::string death = signal_death_line(res.output); !death.empty()) {
+    run.reason = fmt::format("crashed at n={}: {}", n, first_line(death));
   } else if (!failed.empty()) {
     for (auto& [name, msg] : failed) {
       std::string ni = not_implemented_reason(msg);

@@ -1,12 +1,29 @@
 // Text helpers shared by the grading stages (results.hpp).
 #include "results.hpp"
 
+#include <algorithm>
+
 namespace dtl::grade {
 
 std::string first_line(const std::string& s, size_t max) {
   std::string line = s.substr(0, s.find('\n'));
   if (line.size() > max) line = line.substr(0, max) + "...";
   return line;
+}
+
+std::string signal_death_line(const std::string& output) {
+  for (size_t at = output.find("exited on"); at != std::string::npos;
+       at = output.find("exited on", at + 1)) {
+    size_t k = at + 9;
+    while (k < output.size() && (output[k] == ' ' || output[k] == '\n')) ++k;
+    if (output.compare(k, 6, "signal") != 0) continue;
+    const size_t nl = output.rfind('\n', at);
+    const size_t from = nl == std::string::npos ? 0 : nl + 1;
+    std::string line = output.substr(from, output.find('\n', k) - from);
+    std::replace(line.begin(), line.end(), '\n', ' ');
+    return line;
+  }
+  return "";
 }
 
 std::string not_implemented_reason(const std::string& msg) {

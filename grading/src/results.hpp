@@ -43,6 +43,10 @@ struct LabResult {
 
 // The first line of s, at most `max` characters.
 std::string first_line(const std::string& s, size_t max = 200);
+// mpirun's line about a rank that a signal ended ("mpirun noticed that process rank 1 with PID
+// ... exited on signal 11 (Segmentation fault)."), on one line; "" when there is none. OpenMPI 5
+// (prterun) wraps that sentence after "exited on".
+std::string signal_death_line(const std::string& output);
 // "not implemented: lab 03: ring_all_reduce (ring_allreduce.cpp:41)" -> "not implemented: lab
 // 03: ring_all_reduce"; "" when msg is not a not-implemented failure.
 std::string not_implemented_reason(const std::string& msg);
