@@ -39,7 +39,9 @@ const char* const kAllowC =
     R"(guard_release|guard_abort|pure_virtual|atexit|thread_atexit|thread_atexit_impl|bad_cast|)"
     R"(bad_typeid|call_unexpected|throw_bad_array_new_length|get_exception_ptr|)"
     R"(current_exception_type)|__dynamic_cast|)"
-    R"(mem(cpy|move|set|cmp|chr)|str(len|nlen|cmp|ncmp|chr|rchr|str|cpy|ncpy|cat|error|tol|toul|tod|tof|toll|toull)|)"
+    // glibc 2.38+ (Debian 13) redirects strtol and its kin to __isoc23_strtol in C++ code.
+    R"(mem(cpy|move|set|cmp|chr)|str(len|nlen|cmp|ncmp|chr|rchr|str|cpy|ncpy|cat|error|tod|tof)|)"
+    R"((__isoc23_)?str(tol|toul|toll|toull)|)"
     R"(__(memcpy|memmove|memset|strcpy|strncpy|strcat|sprintf|snprintf|vsnprintf|vsprintf|printf|fprintf)_chk|)"
     R"(v?s?n?printf|fprintf|vfprintf|puts|putchar|fputs|fputc|fwrite|fflush|stdout|stderr|)"
     R"(__assert_fail|abort|rand|srand|qsort|bsearch|abs|labs|llabs|__errno_location|free|)"
@@ -73,7 +75,9 @@ const char* const kRejectCalls =
     R"(^dtl::trace::(clear|enable|set_origin)\b|)"
     R"(^c10::cuda::CUDACachingAllocator::(reset|set|emptyCache|raw)|)"
     R"(^at::(add[A-Za-z]*Callback|remove[A-Za-z]*Callback|clear[A-Za-z]*Callbacks)\b|)"
-    R"(^c10::impl::(?!(Exclude|Include)DispatchKeyGuard::))";
+    // What LibTorch 2.x's inline tensor code calls there is honest: copy-on-write storage
+    // (data_ptr(), mutable_data_ptr()) and the TensorImpl's Python slot (its destructor).
+    R"(^c10::impl::(?!(Exclude|Include)DispatchKeyGuard::|cow::|PyObjectSlot::))";
 
 // Integrity notes: noticed, harmless under the named mechanism.
 struct NoteRule {
