@@ -84,7 +84,7 @@ int supervise(const Flags& f, int ranks) {
   if (f.desync) args.push_back("--desync");
   const double limit = f.timeout + 4 * f.grace + 60;
   const auto job = dtl::testing::run_mpi_job(ranks, dtl::testing::self_exe(), args, limit,
-                                             {"OMPI_MCA_orte_enable_recovery=1"});
+                                             dtl::testing::survivors_live_on_env());
   // The job's own lines, without mpirun's banners about the abort.
   std::istringstream in(job.output);
   for (std::string line; std::getline(in, line);)

@@ -340,7 +340,7 @@ constexpr double kFaultTimeout = 1.5, kFaultGrace = 1.0, kJobLimit = 40;
 
 // Launches the debugged training on `ranks` new processes, in a scratch directory of its own,
 // with `fault` on `fault_rank` in step 1, and reads what the job left there. The launch lets the
-// survivors of a dead rank live on (OpenMPI: orte_enable_recovery), as ranks on other nodes of
+// survivors of a dead rank live on (dtl::testing::survivors_live_on_env), as ranks on other nodes of
 // a cluster do until their own watchdog fires: mpirun would otherwise kill them the moment one
 // rank dies, before any of them could dump. Then checks what every fault test checks first:
 // the job ended by itself (not by run_job's limit), the student's watchdog reported (not the
@@ -356,7 +356,7 @@ inline FaultRun fault_job(const std::string& what, int ranks, const std::string&
       {"dir=" + dir, "fault=" + fault, "fault_rank=" + std::to_string(fault_rank), "fault_step=1",
        std::string("desync=") + (desync ? "1" : "0"), "timeout=" + std::to_string(kFaultTimeout),
        "grace=" + std::to_string(kFaultGrace)},
-      kJobLimit, {"OMPI_MCA_orte_enable_recovery=1"});
+      kJobLimit, dtl::testing::survivors_live_on_env());
   // How the job ended is the student's run's (MEASURED); what it left (the report, the dumps)
   // is its result (observed). fault.json holds the given fault injector's time: MEASURED.
   const auto ends = dtl::testing::observe(

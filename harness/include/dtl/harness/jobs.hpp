@@ -51,6 +51,16 @@ JobResult run_mpi_job(int ranks, const std::string& exe, const std::vector<std::
 JobResult run_job(const std::string& name, int ranks, const std::vector<std::string>& args,
                   double timeout_s, const std::vector<std::string>& env = {});
 
+// Environment entries for run_job/run_mpi_job that let the other ranks of a job live on when one
+// dies (a crash, SIGKILL), as the ranks on the other nodes of a cluster do until their own
+// watchdog fires: a plain mpirun kills them the moment one rank dies. OpenMPI 4 (ORTE) reads
+// orte_enable_recovery, OpenMPI 5 (PRRTE) state_base_recoverable (`mpirun --enable-recovery`).
+inline const std::vector<std::string>& survivors_live_on_env() {
+  static const std::vector<std::string> env = {"OMPI_MCA_orte_enable_recovery=1",
+                                               "PRTE_MCA_state_base_recoverable=1"};
+  return env;
+}
+
 // The path of the running executable (/proc/self/exe).
 std::string self_exe();
 
