@@ -319,6 +319,7 @@ Job Grader::run_job(const Rubric& r, const std::string& binary, const std::strin
   plan.untrusted = student();
   plan.processes = r.sandbox_processes;
   Job job = jobs_->run(plan);
+  if (budget_bound) job.budget_note = budget_used_up(r);
   if (plan.untrusted) after_student_command();
   // What the driver could check on observed values, and what it could not.
   const json counts =
@@ -455,6 +456,9 @@ GroupRun Grader::score_group(const TestGroup& g, int n, const std::vector<std::s
     run.reason = fmt::format("exit code {} at n={} although the report shows no failure",
                              job.deciding().exit_code, n);
   }
+  // A run that the rest of the lab's budget stopped says so, whatever the watchdog saw.
+  if (!job.budget_note.empty() && (run.hung || res.timed_out))
+    run.reason += fmt::format(" ({})", job.budget_note);
   // Each failing test once, with its own failure messages (already one per check, not per rank).
   std::string details;
   for (auto& [name, msg] : failed) details += fmt::format("FAILED {} (n={}):\n{}\n", name, n, msg);
@@ -531,6 +535,11 @@ std::vector<GroupRun> Grader::run_groups(const Rubric& r, const std::string& bin
   return rows;
 }
 
+std::string Grader::budget_used_up(const Rubric& r) {
+  return fmt::format("time budget of {:.0f} s for lab {} used up (the reference needs {:.0f} s)",
+                     budget_, r.lab, reference_seconds_[r.lab]);
+}
+
 PerfResult Grader::skipped(const PerfCheck& c, const std::string& why) {
   PerfResult p;
   p.check = &c;
@@ -595,11 +604,7 @@ LabResult Grader::grade(const Rubric& r) {
         } else if (stopped.count(i)) {
           rows[{i, n}] = not_run(g, n, stopped[i], "");
         } else if (budget_ >= 0 && seconds_since(lab_start) > budget_) {
-          rows[{i, n}] = not_run(g, n,
-                                 fmt::format("time budget of {:.0f} s for lab {} used up (the "
-                                             "reference needs {:.0f} s)",
-                                             budget_, r.lab, reference_seconds_[r.lab]),
-                                 "");
+          rows[{i, n}] = not_run(g, n, budget_used_up(r), "");
         } else {
           here.push_back(i);
         }

@@ -64,6 +64,8 @@ class Grader {
   std::vector<GroupRun> run_groups(const Rubric& r, const std::string& binary,
                                    const std::vector<size_t>& groups, int n, double seconds_left);
   PerfResult skipped(const PerfCheck& c, const std::string& why);
+  // "time budget of B s for lab NN used up (the reference needs R s)".
+  std::string budget_used_up(const Rubric& r);
   void after_student_command();
 
   Options opt_;

@@ -47,6 +47,9 @@ struct Job {
   nlohmann::json summary;   // the driver's observation counts per test
   std::map<std::string, std::string> failed;  // test -> its failure messages, once each
   std::set<std::string> passed, skipped;
+  // Set when what was left of the lab's time budget set this job's limit: "time budget of 10 s
+  // for lab 03 used up (...)", added to the reason of a run that limit stopped.
+  std::string budget_note;
   // Whether the run that decides ended by itself (see Grader::trusted).
   const RunResult& deciding() const { return split ? driver : worker; }
 };
