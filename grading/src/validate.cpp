@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <map>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "audit.hpp"
 #include "grader.hpp"
@@ -91,19 +93,29 @@ int validate_rubrics(const Options& opt) {
         problem(r, fmt::format("performance '{}': no benchmark '{}' in {}", c.name, c.benchmark,
                                exe.filename().string()));
     }
-    // Hidden tests may check only what the header promises: they include the lab's headers,
-    // the runtime and the harness, nothing of the solution.
-    std::error_code ec;
-    for (auto& e : fs::directory_iterator(fs::path(opt.source) / "grading" / r.slug, ec)) {
-      if (e.path().extension() != ".cpp" && e.path().extension() != ".hpp") continue;
-      std::ifstream in(e.path());
+    // The quoted includes of a test source, with their line numbers.
+    auto quoted_includes = [](const fs::path& file) {
+      std::vector<std::pair<int, std::string>> out;
+      std::ifstream in(file);
       int n = 0;
       for (std::string line; std::getline(in, line);) {
         ++n;
         auto pos = line.find("#include \"");
         if (pos == std::string::npos) continue;
         std::string inc = line.substr(pos + 10);
-        inc = inc.substr(0, inc.find('"'));
+        out.emplace_back(n, inc.substr(0, inc.find('"')));
+      }
+      return out;
+    };
+    auto is_source = [](const fs::path& p) {
+      return p.extension() == ".cpp" || p.extension() == ".hpp";
+    };
+    // Hidden tests may check only what the header promises: they include the lab's headers,
+    // the runtime and the harness, nothing of the solution.
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(fs::path(opt.source) / "grading" / r.slug, ec)) {
+      if (!is_source(e.path())) continue;
+      for (const auto& [n, inc] : quoted_includes(e.path())) {
         const bool ok = inc.rfind("dtl/", 0) == 0 || fs::exists(lab_dir / inc) ||
                         fs::exists(e.path().parent_path() / inc);
         if (!ok || inc.find("solutions") != std::string::npos)
@@ -118,12 +130,12 @@ int validate_rubrics(const Options& opt) {
     if (!r.sandbox_processes)
       for (const fs::path& dir : {lab_dir / "tests", fs::path(opt.source) / "grading" / r.slug})
         for (auto& e : fs::directory_iterator(dir, ec)) {
-          std::ifstream in(e.path());
-          const std::string text{std::istreambuf_iterator<char>(in), {}};
-          if (text.find("#include \"dtl/harness/jobs.hpp\"") != std::string::npos)
-            problem(r, fmt::format("{} starts jobs (dtl/harness/jobs.hpp): the rubric needs "
-                                   "\"sandbox\": {{\"processes\": true}}",
-                                   e.path().filename().string()));
+          if (!is_source(e.path())) continue;
+          for (const auto& [n, inc] : quoted_includes(e.path()))
+            if (inc == "dtl/harness/jobs.hpp")
+              problem(r, fmt::format("{}:{}: starts jobs (dtl/harness/jobs.hpp): the rubric needs "
+                                     "\"sandbox\": {{\"processes\": true}}",
+                                     e.path().filename().string(), n));
         }
     // The reference passes its own lab's audit: the policy rejects no honest code that the
     // course itself writes (a new deny pattern that catches a reference fails here, in CI).
