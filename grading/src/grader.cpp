@@ -312,6 +312,7 @@ Job Grader::run_job(const Rubric& r, const std::string& binary, const std::strin
   // The job's own limit leaves room for every test's watchdog, unless the lab's time budget set
   // it: then the budget wins and the watchdog fits inside it (a hanging test still ends with
   // the harness's diagnosis rather than the job's kill).
+  const int own_watchdog = plan.test_timeout;
   if (budget_bound)
     plan.test_timeout = std::max(1, std::min(plan.test_timeout, plan.timeout - 5));
   else
@@ -319,7 +320,10 @@ Job Grader::run_job(const Rubric& r, const std::string& binary, const std::strin
   plan.untrusted = student();
   plan.processes = r.sandbox_processes;
   Job job = jobs_->run(plan);
-  if (budget_bound) job.budget_note = budget_used_up(r);
+  if (budget_bound) {
+    job.budget_note = budget_used_up(r);
+    job.watchdog_cut_by_budget = plan.test_timeout < own_watchdog;
+  }
   if (plan.untrusted) after_student_command();
   // What the driver could check on observed values, and what it could not.
   const json counts =
@@ -456,8 +460,9 @@ GroupRun Grader::score_group(const TestGroup& g, int n, const std::vector<std::s
     run.reason = fmt::format("exit code {} at n={} although the report shows no failure",
                              job.deciding().exit_code, n);
   }
-  // A run that the rest of the lab's budget stopped says so, whatever the watchdog saw.
-  if (!job.budget_note.empty() && (run.hung || res.timed_out))
+  // A run that the rest of the lab's budget stopped (the job's limit, or a watchdog it
+  // shortened) says so, whatever the watchdog saw.
+  if (!job.budget_note.empty() && ((run.hung && job.watchdog_cut_by_budget) || res.timed_out))
     run.reason += fmt::format(" ({})", job.budget_note);
   // Each failing test once, with its own failure messages (already one per check, not per rank).
   std::string details;

@@ -48,8 +48,10 @@ struct Job {
   std::map<std::string, std::string> failed;  // test -> its failure messages, once each
   std::set<std::string> passed, skipped;
   // Set when what was left of the lab's time budget set this job's limit: "time budget of 10 s
-  // for lab 03 used up (...)", added to the reason of a run that limit stopped.
+  // for lab 03 used up (...)", added to the reason of a run that limit, or a watchdog it
+  // shortened (watchdog_cut_by_budget), stopped.
   std::string budget_note;
+  bool watchdog_cut_by_budget = false;
   // Whether the run that decides ended by itself (see Grader::trusted).
   const RunResult& deciding() const { return split ? driver : worker; }
 };
