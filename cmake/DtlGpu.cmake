@@ -3,9 +3,9 @@
 # DTL_HAVE_NCCL when the CUDA toolkit and NCCL >= 2.10 are found).
 #
 # Sets DTL_TORCH_HAS_CUDA (the LibTorch found has CUDA) and DTL_TORCH_CUDA_MAJOR (the CUDA
-# major version it was built with, when it can tell). comm_nccl.cpp gets the compile definition
-# DTL_TORCH_HAS_CUDA=1 only then: it follows LibTorch's current stream and informs the caching
-# allocator. A CPU LibTorch still compiles comm_nccl.cpp (that is how CI compiles the GPU path)
+# major version it was built with, when it can tell). dtl_common gets the compile definition
+# DTL_TORCH_HAS_CUDA=1 only then: comm_nccl.cpp follows LibTorch's current stream and informs the
+# caching allocator. A CPU LibTorch still compiles comm_nccl.cpp (that is how CI compiles the GPU path)
 # and, when the headers allow, compiles that LibTorch-CUDA path once more as a check.
 #
 # DTL_REQUIRE_GPU=ON (the gpu preset; ./lab gpu-check) turns every reason the build could not
@@ -101,16 +101,14 @@ function(_dtl_gpu_finish)
   if(NOT TARGET dtl_common)
     return()
   endif()
-  if(DTL_HAVE_NCCL AND DTL_TORCH_HAS_CUDA)
-    set_property(SOURCE ${PROJECT_SOURCE_DIR}/common/src/comm_nccl.cpp TARGET_DIRECTORY dtl_common
-                 APPEND PROPERTY COMPILE_DEFINITIONS DTL_TORCH_HAS_CUDA=1)
-  endif()
   if(DTL_TORCH_HAS_CUDA)
-    # The memory tracker reads the CUDA caching allocator's statistics; the Runtime accepts
+    # A definition of the target dtl_common, not a property of its source files: a source
+    # property set in dtl_common's directory reaches every target there that compiles the same
+    # file, and nccl_layer_tests compiles comm_nccl.cpp again against the fake CUDA headers
+    # (the real and fake CUDA declarations then collide). comm_nccl.cpp follows LibTorch's current
+    # stream; memory.cpp reads the CUDA caching allocator's statistics; runtime.cpp accepts
     # --device cuda (with a CPU LibTorch it names the problem at start-up).
-    set_property(SOURCE ${PROJECT_SOURCE_DIR}/common/src/memory.cpp
-                        ${PROJECT_SOURCE_DIR}/common/src/runtime.cpp TARGET_DIRECTORY dtl_common
-                 APPEND PROPERTY COMPILE_DEFINITIONS DTL_TORCH_HAS_CUDA=1)
+    target_compile_definitions(dtl_common PRIVATE DTL_TORCH_HAS_CUDA=1)
   endif()
   include(${PROJECT_SOURCE_DIR}/common/tests_gpu/gpu_targets.cmake)
 endfunction()
