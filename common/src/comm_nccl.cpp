@@ -10,12 +10,21 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <thread>
 
+#if DTL_FAKE_CUDA && DTL_TORCH_HAS_CUDA
+// The CPU test build (common/tests/fake_cuda) declares its own cudaStream_t and friends; the
+// LibTorch-CUDA branch would pull in the real ones. cmake/DtlGpu.cmake gives DTL_TORCH_HAS_CUDA to
+// dtl_common alone.
+#error "comm_nccl.cpp: the fake CUDA build (DTL_FAKE_CUDA) cannot take the LibTorch-CUDA branch"
+#endif
 #if DTL_TORCH_HAS_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -175,15 +184,54 @@ int nccl_runtime_version() {
 
 #define DTL_NCCL_HAS_CONFIG (NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0))
 #if DTL_NCCL_HAS_CONFIG
-// Every communicator is blocking, whatever NCCL_COMM_BLOCKING says: this layer relies on NCCL
-// calls having finished (or failed) when they return; a non-blocking communicator (NCCL >= 2.14,
-// NCCL_COMM_BLOCKING=0) returns ncclInProgress instead.
+// Every communicator is asked to block: this layer relies on NCCL calls having finished (or
+// failed) when they return; a non-blocking communicator returns ncclInProgress instead.
 ncclConfig_t blocking_config() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
   return config;
 }
 #endif
+
+// Two NCCL environment variables change what this layer relies on, and NCCL reads each once, at
+// the first communicator a process makes: so they are settled here, before every communicator
+// (only the first call matters to a real NCCL).
+//  - NCCL_COMM_BLOCKING: when set, NCCL (2.14 through at least 2.30) takes it over the config's
+//    `blocking`, so NCCL_COMM_BLOCKING=0 would make every communicator non-blocking whatever
+//    blocking_config() says. Set to 1, with a note.
+//  - NCCL_RUNTIME_CONNECT (NCCL >= 2.22, default 1): a communicator connects each collective
+//    algorithm at its first use, inside the launch, and the host blocks there until every peer
+//    makes the same first use. Two comms whose first ops two ranks issue in different orders
+//    (one thread per comm, as pipeline and overlap code does) then wait on each other for good,
+//    before any timeout can act. Unset, it is set to 0: collectives connect when the communicator
+//    is made, which every rank does in the same order (making a comm is collective). Set by the
+//    user, it is kept, with a note. Point-to-point connects at first use either way.
+void settle_nccl_environment() {
+  const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+  if (blocking && *blocking && std::string(blocking) != "1") {
+    static std::once_flag noted;
+    std::call_once(noted, [&] {
+      if (log_rank() == 0)
+        std::fprintf(stderr, "dtl: NCCL_COMM_BLOCKING=%s overridden to 1: the nccl backend needs "
+                             "blocking communicators, and NCCL lets the variable override the "
+                             "communicator's own setting\n", blocking);
+    });
+    setenv("NCCL_COMM_BLOCKING", "1", 1);
+  }
+  const char* connect = std::getenv("NCCL_RUNTIME_CONNECT");
+  if (!connect || !*connect) {
+    setenv("NCCL_RUNTIME_CONNECT", "0", 1);
+  } else if (std::string(connect) != "0") {
+    static std::once_flag noted;
+    std::call_once(noted, [&] {
+      if (log_rank() == 0)
+        std::fprintf(stderr, "dtl: NCCL_RUNTIME_CONNECT=%s kept: each collective connects at its "
+                             "first use and blocks the host until every peer makes the same first "
+                             "use; comms driven from several threads must issue their first ops "
+                             "in the same order on every rank (notes/gpu.md)\n", connect);
+    });
+  }
+}
 
 // A new NCCL communicator over the members of `bootstrap` (MPI), on the current device. Rank 0
 // makes the unique id and the bootstrap carries it to everyone, with one byte more saying
@@ -257,8 +305,13 @@ class NcclOp : public engine::DeviceOp {
 // One ncclComm_t, its own stream, and the scratch int a barrier all-reduces.
 class NcclDevice : public engine::DeviceLayer {
  public:
-  // Adopts `comm` (aborted if this constructor throws).
-  NcclDevice(ncclComm_t comm, int device, int rank) : comm_(comm), device_(device) {
+  // Adopts `comm` (aborted if this constructor throws) and warms it up: a one-element all-reduce
+  // that every member runs now, while the comm is being made, so each comm's first op (and with
+  // it whatever NCCL connects at first use) happens in the same order on every rank, whatever
+  // order threads issue their own ops in later. A member that never joins (it failed to make the
+  // comm) ends it in an error after `timeout_s`, not a hang.
+  NcclDevice(ncclComm_t comm, int device, int rank, double timeout_s)
+      : comm_(comm), device_(device), timeout_s_(timeout_s) {
     try {
       DeviceGuard guard(device);
       int nccl_rank = -1;
@@ -271,6 +324,7 @@ class NcclDevice : public engine::DeviceLayer {
       // destroying a comm would wait for the kernels of every other comm and of the caller.
       cuda_check(cudaMallocAsync(&barrier_buf_, sizeof(int32_t), stream_), "cudaMallocAsync");
       cuda_check(cudaMemsetAsync(barrier_buf_, 0, sizeof(int32_t), stream_), "cudaMemsetAsync");
+      warm_up();
     } catch (...) {
       abort();
       release_cuda();
@@ -428,6 +482,7 @@ class NcclDevice : public engine::DeviceLayer {
   std::unique_ptr<engine::DeviceLayer> split(const std::shared_ptr<Comm>& sub, int color,
                                              int key) override {
     DeviceGuard guard(device_);
+    settle_nccl_environment();
 #if DTL_NCCL_HAS_SPLIT
     if (nccl_runtime_version() >= NCCL_VERSION(2, 18, 0)) {
       ncclComm_t child = nullptr;
@@ -435,19 +490,40 @@ class NcclDevice : public engine::DeviceLayer {
       nccl_check(ncclCommSplit(comm_, sub ? color : NCCL_SPLIT_NOCOLOR, key, &child, &config),
                  rank_prefix(), "ncclCommSplit");
       if (!sub) return nullptr;
-      return std::make_unique<NcclDevice>(child, device_, sub->rank());
+      return std::make_unique<NcclDevice>(child, device_, sub->rank(), timeout_s_);
     }
 #else
     (void)color;
     (void)key;
 #endif
     if (!sub) return nullptr;
-    return std::make_unique<NcclDevice>(init_comm(*sub, "split"), device_, sub->rank());
+    return std::make_unique<NcclDevice>(init_comm(*sub, "split"), device_, sub->rank(),
+                                        timeout_s_);
   }
 
   void bind_thread() noexcept override { cudaSetDevice(device_); }
 
  private:
+  void warm_up() {
+    nccl_check(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, stream_),
+               rank_prefix(), "ncclAllReduce (warm-up of a new communicator)");
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    while (true) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) cuda_check(q, "cudaStreamQuery (warm-up of a new communicator)");
+      const std::string async = async_error();
+      if (!async.empty()) throw Error(rank_prefix() + "warm-up of a new communicator: " + async);
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error(fmt::format("{}the warm-up all-reduce of a new NCCL communicator did not "
+                                "complete within {} s (DTL_NCCL_TIMEOUT): a member never joined "
+                                "(did making the comm fail there? see the other ranks' errors)",
+                                rank_prefix(), timeout_s_));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
   void release_cuda() noexcept {
     DeviceGuard guard(device_, false);
     if (barrier_buf_) cudaFreeAsync(barrier_buf_, stream_);  // after the stream's work
@@ -460,6 +536,7 @@ class NcclDevice : public engine::DeviceLayer {
 
   ncclComm_t comm_ = nullptr;        // null once closed or aborted
   int device_;
+  double timeout_s_;                 // for the warm-up; children inherit it
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;      // the caller's stream position at issue (reused)
   void* barrier_buf_ = nullptr;      // one int32 on the device, all-reduced by barrier()
@@ -487,11 +564,13 @@ std::shared_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device_index, const st
   defaults.backend = "nccl";
   defaults.read_env = true;  // every Comm, split() and dup() included, reads them when made
   const engine::Options options = engine::options_from_env(defaults);
+  settle_nccl_environment();  // before NCCL's first look at its environment
   std::shared_ptr<Comm> boot = bootstrap.dup();  // the engine's for splits; ours for the id
   std::unique_ptr<engine::DeviceLayer> device;
   {
     DeviceGuard guard(device_index);
-    device = std::make_unique<NcclDevice>(init_comm(*boot, name), device_index, boot->rank());
+    device = std::make_unique<NcclDevice>(init_comm(*boot, name), device_index, boot->rank(),
+                                          options.timeout_s);
   }
   static std::once_flag logged;
   std::call_once(logged, [&] {

@@ -55,6 +55,16 @@ if(NOT DTL_TORCH_HAS_CUDA)
                        PASS_REGULAR_EXPRESSION "--device cuda: this build's LibTorch .* is CPU-only")
 endif()
 
+# --device cuda with a CUDA LibTorch and no GPU visible (none here; CUDA_VISIBLE_DEVICES=-1 hides a
+# GPU machine's): the Runtime says so at start-up and names the way out.
+if(DTL_TORCH_HAS_CUDA AND DTL_HAVE_NCCL)
+  dtl_add_mpi_test(NAME common.cuda_without_a_gpu TARGET nccl_tests RANKS 1 LABELS common
+                   TIMEOUT 120 ARGS --device cuda)
+  set_property(TEST common.cuda_without_a_gpu.n1 APPEND PROPERTY ENVIRONMENT CUDA_VISIBLE_DEVICES=-1)
+  set_tests_properties(common.cuda_without_a_gpu.n1 PROPERTIES PASS_REGULAR_EXPRESSION
+                       "(no usable CUDA device|no CUDA device found).*--device cpu --backend mpi")
+endif()
+
 # comm_nccl.cpp with DTL_TORCH_HAS_CUDA=1 against the installed (CPU) LibTorch's c10/cuda
 # headers. A Debian LibTorch lacks the generated c10/cuda/impl/cuda_cmake_macros.h (it only
 # carries a Windows export switch); C10_CUDA_NO_CMAKE_CONFIGURE_FILE skips it.

@@ -358,19 +358,23 @@ struct CommState {
   MPI_Comm connect = MPI_COMM_NULL;  // lazy-connect handshakes (host side)
   int rank = 0, size = 1;
   bool nonblocking = false;
+  bool lazy_collectives = true;  // NCCL_RUNTIME_CONNECT was not 0 when it was made
   std::atomic<bool> aborted{false};
   std::atomic<int> running{0};  // kernels enqueued and not over
   std::mutex mu;
   ncclResult_t async = ncclSuccess;
   std::string last_error;
   std::set<std::string> connected;  // lazy-connect keys done
+  // Handshakes given up on: their buffers stay alive as long as the communicator state, since
+  // MPI may still write into them (a segfault otherwise, after the give-up).
+  std::vector<std::shared_ptr<void>> stalled;
 };
 
 struct Handle {
   std::shared_ptr<CommState> s;
 };
 
-bool g_lazy = false;
+int g_force_lazy = -1;  // set_runtime_connect: 1 / 0 override NCCL_RUNTIME_CONNECT, -1 follows it
 double g_lazy_give_up = 8;
 thread_local int t_group_depth = 0;
 struct P2p {
@@ -452,50 +456,66 @@ bool wait_all(CommState& c, std::vector<MPI_Request>& reqs) {
 
 // The host side of NCCL's runtime connection: the first use of each (key, peer) blocks the launch
 // until that peer makes the same first use. All of one launch's handshakes are posted at once
-// (a ring of sendrecvs would otherwise wait in a cycle).
-void lazy_connect(CommState& c, const std::vector<std::pair<std::string, int>>& links) {
-  if (!g_lazy) return;
+// (a ring of sendrecvs would otherwise wait in a cycle). False when a peer never came.
+bool lazy_connect(CommState& c, const std::vector<std::pair<std::string, int>>& links) {
   std::vector<std::pair<std::string, int>> fresh;
   {
     std::lock_guard<std::mutex> lock(c.mu);
     for (auto& l : links)
       if (c.connected.insert(l.first + "@" + std::to_string(l.second)).second) fresh.push_back(l);
   }
-  if (fresh.empty()) return;
-  std::vector<std::array<char, 64>> mine(fresh.size()), theirs(fresh.size());
-  std::vector<MPI_Request> reqs;
+  if (fresh.empty()) return true;
+  struct Handshake {
+    std::vector<std::array<char, 64>> mine, theirs;
+    std::vector<MPI_Request> reqs;
+  };
+  auto h = std::make_shared<Handshake>();
+  h->mine.resize(fresh.size());
+  h->theirs.resize(fresh.size());
   for (size_t i = 0; i < fresh.size(); ++i) {
-    mine[i].fill(0);
-    theirs[i].fill(0);
-    std::snprintf(mine[i].data(), 64, "%s", fresh[i].first.c_str());
-    reqs.emplace_back();
-    MPI_Isend(mine[i].data(), 64, MPI_CHAR, fresh[i].second, kTagConnect, c.connect, &reqs.back());
-    reqs.emplace_back();
-    MPI_Irecv(theirs[i].data(), 64, MPI_CHAR, fresh[i].second, kTagConnect, c.connect, &reqs.back());
+    h->mine[i].fill(0);
+    h->theirs[i].fill(0);
+    std::snprintf(h->mine[i].data(), 64, "%s", fresh[i].first.c_str());
+    h->reqs.emplace_back();
+    MPI_Isend(h->mine[i].data(), 64, MPI_CHAR, fresh[i].second, kTagConnect, c.connect,
+              &h->reqs.back());
+    h->reqs.emplace_back();
+    MPI_Irecv(h->theirs[i].data(), 64, MPI_CHAR, fresh[i].second, kTagConnect, c.connect,
+              &h->reqs.back());
   }
   const auto give_up =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(g_lazy_give_up);
   while (true) {
     int done = 0;
-    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+    MPI_Testall(static_cast<int>(h->reqs.size()), h->reqs.data(), &done, MPI_STATUSES_IGNORE);
     if (done) break;
     if (std::chrono::steady_clock::now() > give_up) {
       violate("the host blocked in NCCL's runtime connection of '" + fresh[0].first + "' for " +
               std::to_string(g_lazy_give_up) + " s: a peer never made the same first use "
-              "(warm up with the same op and size first); real NCCL blocks here for good");
-      return;  // the requests stay open: this communicator is broken from here on
+              "(the ranks issued their first ops of this communicator in different orders); real "
+              "NCCL blocks here for good");
+      // The receives are cancelled; a send may still be in flight, so the buffers live on with
+      // the communicator, which is broken from here on.
+      for (size_t i = 1; i < h->reqs.size(); i += 2)
+        if (h->reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&h->reqs[i]);
+      std::lock_guard<std::mutex> lock(c.mu);
+      c.stalled.push_back(h);
+      c.last_error = "runtime connection never completed";
+      return false;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   for (size_t i = 0; i < fresh.size(); ++i)
-    if (fresh[i].first != theirs[i].data())
-      violate("runtime connection of '" + fresh[i].first + "' met '" + theirs[i].data() +
+    if (fresh[i].first != h->theirs[i].data())
+      violate("runtime connection of '" + fresh[i].first + "' met '" + h->theirs[i].data() +
               "' from rank " + std::to_string(fresh[i].second) + " (the ranks issued different ops)");
+  return true;
 }
 
-std::string p2p_key(const CommState& c, int peer, size_t bytes) {
+// NCCL connects a pair of ranks once for point-to-point, whatever the sizes sent later.
+std::string p2p_key(const CommState& c, int peer) {
   return "p2p:" + std::to_string(std::min(c.rank, peer)) + "-" +
-         std::to_string(std::max(c.rank, peer)) + ":" + std::to_string(bytes);
+         std::to_string(std::max(c.rank, peer));
 }
 
 std::vector<int> others(const CommState& c) {
@@ -525,8 +545,10 @@ ncclResult_t collective(ncclComm_t comm, cudaStream_t stream, const std::string&
                         size_t bytes, std::function<void(CommState&)> kernel) {
   auto c = state(comm);
   std::vector<std::pair<std::string, int>> links;
-  for (int p : others(*c)) links.emplace_back(what + ":" + std::to_string(bytes), p);
-  lazy_connect(*c, links);
+  if (c->lazy_collectives) {
+    for (int p : others(*c)) links.emplace_back(what + ":" + std::to_string(bytes), p);
+    if (!lazy_connect(*c, links)) return ncclSystemError;
+  }
   return enqueue(c, stream, std::move(kernel));
 }
 
@@ -549,29 +571,35 @@ bool exchange(CommState& c, size_t bytes, const std::function<const void*(int)>&
   return wait_all(c, reqs);
 }
 
-ncclResult_t make_comm(MPI_Comm members, bool nonblocking_env, ncclConfig_t* config,
+// NCCL 2.18-2.30 read NCCL_COMM_BLOCKING after the config: when set, the variable decides,
+// whatever the config's `blocking` says; unset, the config decides, else `inherited` (a split's
+// parent), else blocking.
+ncclResult_t make_comm(MPI_Comm members, bool inherited_nonblocking, ncclConfig_t* config,
                        ncclComm_t* out) {
   auto s = std::make_shared<CommState>();
   s->mpi = members;
   MPI_Comm_dup(members, &s->connect);
   MPI_Comm_rank(members, &s->rank);
   MPI_Comm_size(members, &s->size);
-  const bool pinned = config && config->blocking != NCCL_CONFIG_UNDEF_INT;
-  s->nonblocking = pinned ? config->blocking == 0 : nonblocking_env;
+  const char* env = std::getenv("NCCL_COMM_BLOCKING");
+  if (env && *env)
+    s->nonblocking = std::atoi(env) == 0;
+  else if (config && config->blocking != NCCL_CONFIG_UNDEF_INT)
+    s->nonblocking = config->blocking == 0;
+  else
+    s->nonblocking = inherited_nonblocking;
+  const char* connect = std::getenv("NCCL_RUNTIME_CONNECT");
+  s->lazy_collectives = g_force_lazy >= 0 ? g_force_lazy == 1
+                                          : !(connect && std::string(connect) == "0");
   *out = reinterpret_cast<ncclComm_t>(new Handle{s});
   return s->nonblocking ? ncclInProgress : ncclSuccess;
-}
-
-bool env_nonblocking() {
-  const char* v = std::getenv("NCCL_COMM_BLOCKING");
-  return v && std::string(v) == "0";
 }
 
 }  // namespace
 
 namespace fake_cuda {
-void set_lazy_connect(bool on, double give_up_s) {
-  g_lazy = on;
+void set_runtime_connect(int force, double give_up_s) {
+  g_force_lazy = force;
   g_lazy_give_up = give_up_s;
 }
 }  // namespace fake_cuda
@@ -581,6 +609,7 @@ const char* ncclGetErrorString(ncclResult_t r) {
     case ncclSuccess: return "no error";
     case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
     case ncclInProgress: return "NCCL operation in progress";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
     case ncclRemoteError: return "remote process exited or there was a network error";
     default: return "fake NCCL error";
   }
@@ -633,7 +662,7 @@ static ncclResult_t init_rank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   MPI_Comm_create_group(MPI_COMM_WORLD, group, tag + 2, &mpi);
   MPI_Group_free(&group);
   MPI_Group_free(&world);
-  return make_comm(mpi, env_nonblocking(), config, comm);
+  return make_comm(mpi, false, config, comm);
 }
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   return init_rank(comm, nranks, id, rank, nullptr);
@@ -717,8 +746,8 @@ ncclResult_t ncclGroupEnd() {
   if (!c) return ncclSuccess;
   std::vector<std::pair<std::string, int>> links;
   for (auto& p : parts)
-    if (p.peer != c->rank) links.emplace_back(p2p_key(*c, p.peer, p.bytes), p.peer);
-  lazy_connect(*c, links);
+    if (p.peer != c->rank) links.emplace_back(p2p_key(*c, p.peer), p.peer);
+  if (!lazy_connect(*c, links)) return ncclSystemError;
   return enqueue(c, t_group_stream, [parts](CommState& s) {
     std::vector<MPI_Request> reqs;
     const P2p* self_send = nullptr;

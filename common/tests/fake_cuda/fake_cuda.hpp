@@ -36,10 +36,14 @@ class StreamGuard {
 cudaStream_t new_stream();
 // The host waits until the calling thread's current stream ran everything enqueued so far.
 void sync_current_stream();
-// NCCL's runtime connection (>= 2.22): the first use of an op and size between ranks blocks the
-// host inside the launch until the peers make the same first use. Unmatched after `give_up_s`,
-// the launch returns anyway and a violation is recorded (real NCCL would block forever).
-void set_lazy_connect(bool on, double give_up_s = 8);
+// NCCL's runtime connection (>= 2.22): the first use of a collective (op and size) between ranks
+// blocks the host inside the launch until the peers make the same first use; so does the first
+// send/recv between two ranks. Communicators made with NCCL_RUNTIME_CONNECT=0 in the environment
+// connect their collectives in init instead (point-to-point stays lazy, as in NCCL). Unmatched after
+// `give_up_s`, the launch fails (ncclSystemError) and a violation is recorded, where real NCCL would
+// block for good. `force` = 1 or 0 overrides the variable for communicators made from now on; -1
+// (the default) follows it.
+void set_runtime_connect(int force, double give_up_s = 8);
 // Breaches of what CUDA or NCCL require, seen so far (and cleared).
 std::vector<std::string> take_violations();
 

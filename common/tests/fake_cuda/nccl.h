@@ -3,11 +3,13 @@
 // enqueues a "kernel" on the stream given; the kernel moves the data with non-blocking MPI and
 // waits for its peers as NCCL's kernels do (a rank that issued a different op leaves it waiting
 // until ncclCommAbort). Modelled beyond the data: ncclCommSplit is collective over the parent
-// (every member calls it, NCCL_SPLIT_NOCOLOR included); NCCL_COMM_BLOCKING=0 makes a
-// communicator non-blocking (calls return ncclInProgress) unless its config says blocking = 1;
-// with fake_cuda::set_lazy_connect(true), the first use of an op and size between ranks blocks
-// the host in the launch until every peer made the same first use (NCCL >= 2.22's runtime
-// connection).
+// (every member calls it, NCCL_SPLIT_NOCOLOR included); NCCL_COMM_BLOCKING in the environment
+// decides whether a communicator blocks, over its config's `blocking` (NCCL 2.18-2.30 read the
+// variable last; non-blocking calls return ncclInProgress); and the runtime connection of NCCL >=
+// 2.22: the first use of a collective (op and size) between ranks blocks the host in the launch
+// until every peer made the same first use, unless NCCL_RUNTIME_CONNECT=0 was set when the
+// communicator was made (then collectives connect in its init). Point-to-point connects at first
+// use whatever the variable says, as in NCCL.
 #pragma once
 
 #include <climits>

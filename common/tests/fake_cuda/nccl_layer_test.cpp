@@ -128,7 +128,8 @@ TEST_F(Layer, ASplitIsCollectiveOverTheParent) {
 }
 
 // NCCL_COMM_BLOCKING=0 in the environment makes NCCL's communicators non-blocking (calls return
-// ncclInProgress): the layer pins its own to blocking.
+// ncclInProgress), and NCCL takes the variable over the config's `blocking` = 1: the layer must
+// settle the variable itself before NCCL reads it.
 TEST_F(Layer, CommsStayBlockingUnderNcclCommBlocking0) {
   setenv("NCCL_COMM_BLOCKING", "0", 1);
   std::string error = "(no dtl::Error)";
@@ -174,19 +175,67 @@ TEST_F(Layer, FreeingACommDoesNotSynchroniseTheDevice) {
   EXPECT_EQ(fake_cuda::device_syncs(), before);
 }
 
+// With collectives connecting at first use too (NCCL_RUNTIME_CONNECT=1, forced here): the
+// scenario's own warm-up must make the mismatch a timeout, not a block in the launch.
 TEST_F(Layer, AMismatchedOpEndsInAnErrorNotAHang) {
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
-  fake_cuda::set_lazy_connect(true);
+  fake_cuda::set_runtime_connect(1);
   {
     auto c = make();
     dtl_gpu_scenarios::mismatched_op_ends_in_an_error(*c, "2", fake_hooks());
   }
-  fake_cuda::set_lazy_connect(false);
+  fake_cuda::set_runtime_connect(-1);
 }
 
+// The fake connects as NCCL >= 2.22 does by default (runtime connection, unless the layer sets
+// NCCL_RUNTIME_CONNECT=0): rank 0 drives the dup first and the others the split first, so first
+// uses that connect inside the launch wait on each other in a cycle (3 ranks and more).
 TEST_F(Layer, ConcurrentSplitAndDup) {
   auto c = make("3");  // a deadlock shows as the comms' timeout
   dtl_gpu_scenarios::concurrent_split_and_dup(*c, fake_hooks());
+}
+
+// The layer leaves a user's NCCL_RUNTIME_CONNECT alone, and sets 0 when there is none.
+TEST_F(Layer, RuntimeConnectIsOffUnlessTheUserSetsIt) {
+  setenv("NCCL_RUNTIME_CONNECT", "1", 1);
+  make().reset();
+  EXPECT_STREQ(std::getenv("NCCL_RUNTIME_CONNECT"), "1");
+  unsetenv("NCCL_RUNTIME_CONNECT");
+  make().reset();
+  EXPECT_STREQ(std::getenv("NCCL_RUNTIME_CONNECT"), "0");
+}
+
+// A first use that never connects (rank 0 all-reduces alone; the others come after it gave up):
+// the fake gives up on it with the launch failing and the handshake's buffers kept alive, so rank
+// 0 gets an error naming the call, the others their comm's timeout, and nobody's memory is
+// written after it was freed (today a segfault some seconds later, at 3 ranks).
+TEST_F(Layer, AFirstUseThatNeverConnectsEndsInAnError) {
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  fake_cuda::set_runtime_connect(1, 1.0);
+  auto c = make("3");
+  auto t = torch::ones({256});
+  std::string error = "(no dtl::Error)";
+  if (r == 0) error = dtl::testing::error_of([&] { c->all_reduce(t); });
+  dtl::Runtime::get().cpu_world().barrier();
+  // The others' all_reduce waits for rank 0's data until the comm's timeout (the barrier blocks
+  // the host until then).
+  if (r != 0) {
+    error = dtl::testing::error_of([&] {
+      c->all_reduce(t);
+      c->barrier();
+    });
+  }
+  fake_cuda::set_runtime_connect(-1);
+  c.reset();
+  // Churn the heap while the peers' handshakes arrive: a write into freed memory shows here.
+  for (int i = 0; i < 200; ++i) (void)torch::ones({64 + i}).sum().item<float>();
+  dtl::Runtime::get().cpu_world().barrier();
+  EXPECT_THAT(error, ::testing::HasSubstr(r == 0 ? "ncclAllReduce failed" : "all_reduce #1"));
+  if (r == 0) {
+    EXPECT_THAT(fake_cuda::take_violations(),
+                ::testing::Contains(::testing::HasSubstr("runtime connection")));
+  }
+  fake_cuda::take_violations();
 }
 
 }  // namespace
