@@ -7,9 +7,12 @@
 # distribution's libfmt fails (undefined fmt::v10::vformat). So: when LibTorch brings fmt, use
 # those headers alone, header-only (FMT_HEADER_ONLY: fmt's functions are compiled into each
 # object, nothing to link); otherwise find the installed fmt (find_package). Either way the rest
-# of the tree links fmt::fmt. -DDTL_FMT=system|torch forces a choice.
+# of the tree links fmt::fmt. -DDTL_FMT=system|torch forces a choice; -DDTL_FMT_INCLUDE_DIR=DIR
+# uses the fmt headers in DIR header-only (`./lab gpu-build` compiles the tree that way against
+# fmt 11, the generation pip and conda LibTorch 2.5+ bring).
 set(DTL_FMT "auto" CACHE STRING "fmt to use: auto (LibTorch's when it ships one), torch, system")
 set_property(CACHE DTL_FMT PROPERTY STRINGS auto torch system)
+set(DTL_FMT_INCLUDE_DIR "" CACHE PATH "fmt headers to use header-only (overrides DTL_FMT)")
 
 set(DTL_TORCH_FMT_DIR "")
 foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
@@ -23,7 +26,15 @@ foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
   endif()
 endforeach()
 
-if(DTL_FMT STREQUAL "torch" OR (DTL_FMT STREQUAL "auto" AND DTL_TORCH_FMT_DIR))
+set(_dtl_fmt_whose "LibTorch's")
+if(DTL_FMT_INCLUDE_DIR)
+  if(NOT EXISTS ${DTL_FMT_INCLUDE_DIR}/fmt/format.h)
+    message(FATAL_ERROR "DTL_FMT_INCLUDE_DIR=${DTL_FMT_INCLUDE_DIR} has no fmt/format.h")
+  endif()
+  set(DTL_TORCH_FMT_DIR ${DTL_FMT_INCLUDE_DIR})
+  set(_dtl_fmt_whose "the")
+endif()
+if(DTL_FMT_INCLUDE_DIR OR DTL_FMT STREQUAL "torch" OR (DTL_FMT STREQUAL "auto" AND DTL_TORCH_FMT_DIR))
   if(NOT DTL_TORCH_FMT_DIR)
     message(FATAL_ERROR "DTL_FMT=torch, but the LibTorch found (${Torch_DIR}) ships no fmt headers")
   endif()
@@ -40,7 +51,7 @@ if(DTL_FMT STREQUAL "torch" OR (DTL_FMT STREQUAL "auto" AND DTL_TORCH_FMT_DIR))
   set_target_properties(fmt::fmt PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES ${DTL_TORCH_FMT_DIR}
     INTERFACE_COMPILE_DEFINITIONS FMT_HEADER_ONLY=1)
-  set(DTL_FMT_USED "LibTorch's fmt ${DTL_FMT_VERSION}, header-only (${DTL_TORCH_FMT_DIR}/fmt)"
+  set(DTL_FMT_USED "${_dtl_fmt_whose} fmt ${DTL_FMT_VERSION}, header-only (${DTL_TORCH_FMT_DIR}/fmt)"
       CACHE INTERNAL "the fmt this build uses")
   message(STATUS "dtl: ${DTL_FMT_USED}")
 else()

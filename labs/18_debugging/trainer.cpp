@@ -2,6 +2,7 @@
 // the data-parallel trainer with its fault injection, and the debugged job that puts your
 // tools together). Your work is in debug.cpp.
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt >= 11 declares it here only)
 
 #include <chrono>
 #include <condition_variable>

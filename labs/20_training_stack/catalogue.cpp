@@ -2,6 +2,7 @@
 // published runs and their calibration, and the glue of the trainer: a hooked optimizer and
 // lab 17's checkpoint format for it). Your work is in training_stack.cpp.
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt >= 11 declares it here only)
 
 #include <algorithm>
 #include <array>

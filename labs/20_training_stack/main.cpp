@@ -17,6 +17,7 @@
 //                                            train the tiny GPT with that plan on 4 ranks
 //   ./lab run 20 -- --help                   every flag
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt >= 11 declares it here only)
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

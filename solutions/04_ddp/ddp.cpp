@@ -16,6 +16,7 @@
 #include "ddp.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt >= 11 declares it here only)
 
 #include <algorithm>
 #include <cstring>

@@ -7,6 +7,7 @@
 #include "pipeline.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt >= 11 declares it here only)
 
 #include <algorithm>
 #include <cmath>

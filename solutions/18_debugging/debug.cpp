@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt >= 11 declares it here only)
 #include <unistd.h>
 
 #include <algorithm>
