@@ -6,6 +6,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
@@ -147,7 +148,22 @@ Launch JobRunner::student_launch() const {
   Launch l;
   l.as = student_;
   l.own_pid_namespace = true;
+  l.shm_bytes = std::min<long long>(1LL << 30, static_cast<long long>(opt_.disk_limit_mb) << 20);
   return l;
+}
+
+// The device nodes CUDA opens read-write (/dev/nvidiactl, /dev/nvidia0..N, /dev/nvidia-uvm and
+// -uvm-tools, -modeset, -nvswitchctl, and MIG's /dev/nvidia-caps/*), when the job runs on CUDA
+// (DTL_DEVICE=cuda, as `DTL_DEVICE=cuda ./lab grade` sets it). None on a machine without GPUs.
+static std::vector<std::string> gpu_device_nodes() {
+  const char* device = std::getenv("DTL_DEVICE");
+  if (!device || std::string(device) != "cuda") return {};
+  std::vector<std::string> nodes;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev", ec))
+    if (e.path().filename().string().rfind("nvidia", 0) == 0) nodes.push_back(e.path().string());
+  std::sort(nodes.begin(), nodes.end());
+  return nodes;
 }
 
 std::vector<std::string> JobRunner::sandbox_prefix(const std::string& job_dir,
@@ -164,6 +180,16 @@ std::vector<std::string> JobRunner::sandbox_prefix(const std::string& job_dir,
   for (const auto& r : read) {
     cmd.push_back("--read");
     cmd.push_back(r);
+  }
+  for (const auto& node : gpu_device_nodes()) {
+    cmd.push_back("--rw");
+    cmd.push_back(node);
+  }
+  // NCCL's shared memory within a node (/dev/shm/nccl-*): writable only where the job has a
+  // /dev/shm of its own (run.hpp), never the machine's, which other gradings use too.
+  if (private_mounts_available()) {
+    cmd.push_back("--write");
+    cmd.push_back("/dev/shm");
   }
   if (processes) {
     cmd.push_back("--processes");

@@ -6,6 +6,7 @@
 #include <grp.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -82,7 +83,30 @@ long long dir_size(const std::string& dir) {
   _exit(127);
 }
 
+// In the job's first process, PID 1 of its namespace: a mount namespace whose /proc is the PID
+// namespace's (the job sees its own processes only) and whose /dev/shm is an empty tmpfs of
+// `shm_bytes` that vanishes with the job. Mounts made private first, so nothing propagates back.
+bool make_private_mounts(long long shm_bytes) {
+  if (unshare(CLONE_NEWNS) != 0) return false;
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return false;
+  const std::string shm = "mode=1777,size=" + std::to_string(shm_bytes > 0 ? shm_bytes : 1LL << 30);
+  return mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) == 0 &&
+         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, shm.c_str()) == 0;
+}
+
 }  // namespace
+
+bool private_mounts_available() {
+  static const bool available = [] {
+    if (!pid_namespaces_available()) return false;
+    const pid_t pid = fork();
+    if (pid == 0) _exit(unshare(CLONE_NEWPID) == 0 && make_private_mounts(1 << 20) ? 0 : 1);
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+  }();
+  return available;
+}
 
 bool pid_namespaces_available() {
   static const bool available = [] {
@@ -108,6 +132,7 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
   }
   unlink(path);  // only the descriptor keeps it alive
   const bool namespace_ = launch.own_pid_namespace && pid_namespaces_available();
+  const bool mounts = namespace_ && private_mounts_available();  // probed here, not in the child
   auto start = std::chrono::steady_clock::now();
   pid_t pid = fork();
   if (pid == 0) {
@@ -122,7 +147,16 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
     // everything else in there. This process waits for it and passes its status on.
     if (unshare(CLONE_NEWPID) != 0) exec_child(argv, env, limits, launch.as);
     const pid_t init = fork();
-    if (init == 0) exec_child(argv, env, limits, launch.as);
+    if (init == 0) {
+      // Where the probe said yes, a failure here stops the job: the sandbox lets it write in
+      // /dev/shm only because that /dev/shm is its own.
+      if (mounts && !make_private_mounts(launch.shm_bytes)) {
+        std::fprintf(stderr, "dtl-grade: cannot give the job its own /proc and /dev/shm: %s\n",
+                     std::strerror(errno));
+        _exit(126);
+      }
+      exec_child(argv, env, limits, launch.as);
+    }
     int status = 0;
     while (waitpid(init, &status, 0) < 0 && errno == EINTR) {
     }

@@ -5,7 +5,10 @@
 // outlive its job. A job that runs student code runs in a PID namespace of its own when the
 // grader is root (Gradescope): when its first process (mpirun) ends, the kernel ends every
 // other process in it, a `setsid` daemon included, and graders running side by side never touch
-// each other's processes. Without root, the grader is the subreaper of what it starts and kills
+// each other's processes. It also gets a mount namespace of its own: a fresh /proc that lists
+// only the job's processes (not other gradings' command lines and directories), and an empty
+// /dev/shm that ends with the job (where NCCL keeps its shared memory within a node; the sandbox
+// may then let the job write there without reaching anyone else's). Without root, the grader is the subreaper of what it starts and kills
 // its own descendants after each job.
 #pragma once
 
@@ -38,7 +41,9 @@ struct Limits {
 
 struct Launch {
   Identity as;                     // drop to this user (needs root)
-  bool own_pid_namespace = false;  // a PID namespace for the job (needs root; else ignored)
+  bool own_pid_namespace = false;  // a PID namespace for the job (needs root; else ignored),
+                                   // with a mount namespace: its own /proc and /dev/shm
+  long long shm_bytes = 1LL << 30;   // the size of the job's own /dev/shm
 };
 
 // Runs argv in a new process group with stdout and stderr captured, in `cwd` if not empty.
@@ -51,6 +56,9 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
 // Whether this process may give jobs PID namespaces of their own (root, and a kernel that allows
 // it: tried once).
 bool pid_namespaces_available();
+
+// Whether those jobs also get their own /proc and /dev/shm (a mount namespace: tried once).
+bool private_mounts_available();
 
 // Makes this process the "subreaper" of everything it starts (Linux prctl): a process that
 // escapes its parent and session (setsid, double fork) is re-parented to the grader instead of

@@ -90,6 +90,10 @@ std::string install_landlock(const SandboxPolicy& p, int abi) {
   for (const auto& path : p.exec)
     if (err.empty())
       err = allow(ruleset, path, LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE);
+  for (const auto& path : p.rw)
+    if (err.empty())
+      err = allow(ruleset, path,
+                  handled & (kRead | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_TRUNCATE));
   for (const auto& path : p.write)
     if (err.empty()) err = allow(ruleset, path, handled & ~LANDLOCK_ACCESS_FS_EXECUTE);
   if (err.empty() && syscall(SYS_landlock_restrict_self, ruleset, 0) != 0)

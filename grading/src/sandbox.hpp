@@ -3,8 +3,10 @@
 // What every process that runs student code lives in. The trusted launcher (dtl-sandbox,
 // sandbox_main.cpp) installs it and then executes the test binary, so the student's static
 // initializers already run inside it:
-//   * Landlock (file system): writes only beneath the job's own directory; reads only what a run
-//     needs (system libraries and configuration, /proc, /sys, the binary and the runtime library);
+//   * Landlock (file system): writes only beneath the job's own directory (and the job's own
+//     /dev/shm, where the grader gave it one); reads only what a run needs (system libraries and
+//     configuration, /proc, /sys, the binary and the runtime library); on GPUs, reads and writes
+//     of the NVIDIA device nodes, which CUDA opens read-write;
 //     programs may be executed only from the policy's list; no signal to a process outside the
 //     sandbox (ABI 6).
 //   * seccomp (system calls): no new programs (execve is allowed exactly once, for the launcher's
@@ -28,6 +30,8 @@ struct SandboxPolicy {
   std::vector<std::string> write;  // directories: everything beneath may be created and written
   std::vector<std::string> read;   // files or directories readable (read-only)
   std::vector<std::string> exec;   // files that may be executed (and read)
+  std::vector<std::string> rw;     // files opened for reading and writing, never created:
+                                   // device nodes (a directory: the nodes in it, e.g. MIG's)
   bool processes = false;          // fork/exec allowed (exec targets still limited by Landlock)
 };
 

@@ -22,7 +22,7 @@ namespace {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: dtl-sandbox [--read PATH]... [--write DIR]... [--exec FILE]... "
+               "usage: dtl-sandbox [--read PATH]... [--write DIR]... [--rw FILE]... [--exec FILE]... "
                "[--processes] -- PROGRAM [ARGS...]\n       dtl-sandbox --probe\n");
   return 2;
 }
@@ -104,6 +104,8 @@ int main(int argc, char** argv) {
       policy.read.push_back(argv[++i]);
     else if (a == "--write")
       policy.write.push_back(argv[++i]);
+    else if (a == "--rw")
+      policy.rw.push_back(argv[++i]);
     else if (a == "--exec")
       policy.exec.push_back(absolute(argv[++i]));
     else

@@ -1,6 +1,7 @@
 // sandbox_probe: what a process inside dtl-sandbox can still do. Prints one line per attempt,
 // "NAME allowed" or "NAME denied (reason)"; sandbox_check.sh runs it under the grader's policy
-// and asserts each line. Arguments: JOB_DIR FORBIDDEN_FILE.
+// and asserts each line. Arguments: JOB_DIR FORBIDDEN_FILE [DEVICE_FILE] (a stand-in for a GPU's
+// device node, granted with --rw).
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -45,6 +46,17 @@ int main(int argc, char** argv) {
   fd = open("/etc/hostname", O_RDONLY);
   report("read-system", fd >= 0, errno);
   if (fd >= 0) close(fd);
+  // A device node granted --rw (CUDA opens /dev/nvidia* read-write): opened so, but nothing may be
+  // created beside it.
+  if (argc > 3) {
+    const std::string device = argv[3];
+    fd = open(device.c_str(), O_RDWR);
+    report("rw-device", fd >= 0, errno);
+    if (fd >= 0) close(fd);
+    fd = open((device + ".new").c_str(), O_WRONLY | O_CREAT, 0644);
+    report("create-beside-device", fd >= 0, errno);
+    if (fd >= 0) close(fd);
+  }
   // A new program.
   char* const args[] = {const_cast<char*>("/bin/true"), nullptr};
   errno = 0;
