@@ -11,7 +11,7 @@ for d in "$root"/labs/[0-9][0-9]_*/; do
   [ -f "$d/CMakeLists.txt" ] || continue
   n=$(basename "$d" | cut -c1-2)
   want=$(grep -o 'dtl_lab[0-9][0-9]_reference' "$d/CMakeLists.txt" | numbers)
-  # | lab | directory | title | prerequisites | status |
+  # | lab | directory | title | prerequisites | effort | status |
   row=$(grep -m1 "^| $n |" "$root/labs/SYLLABUS.md")
   got=$(awk -F'|' '{print $5}' <<<"$row" | numbers)
   if [ -z "$row" ] || [ "$got" != "$want" ]; then

@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
     l70.n_layer = 80;
     l70.d_model = 8192;
     l70.n_head = 64;
-    l70.d_ff = 0;  // 4 d: GPT-style, no grouped-query attention: 64.7B parameters
+    l70.d_ff = 0;  // 4 d: GPT-style, no grouped-query attention: 65.0B parameters
     dtl::print0("\nThe same formulas at scale (bf16 mixed precision + AdamW, 80 GB GPUs):\n");
     at_scale("Llama2-7B", GPTConfig::llama2_7b_like());
     at_scale("70B-like", l70);
