@@ -11,7 +11,10 @@
 #    told what was expected;
 # 4. the release holds what a student must get and nothing they must not; its own CI (.ci/run: its
 #    runtime and harness tests, the published reference, every skeleton check, its rubrics'
-#    validation) is green, and `./lab grade` on the untouched skeleton says so.
+#    validation) is green, and `./lab grade` on the untouched skeleton says so;
+# 5. a started lab grades there as a student grades it (sandboxed: Landlock and seccomp where the
+#    kernel has them): lab 03's reference in the student's file earns every public point, and a
+#    version wrong for one dtype earns some but not all.
 # The commits released here are made from this checkout's working tree as it is (every file git
 # does not ignore), in an index of the check's own: what is checked is the tree under test, and
 # the checkout, its index and its branches are left as they were.
@@ -139,4 +142,26 @@ grep -q 'not started' "$work/grade.log" || { cat "$work/grade.log"; fail "grade 
 grep -q 'graded by the course' "$work/grade.log" || { cat "$work/grade.log"; fail "grade did not say what the autograder adds"; }
 ./lab grade 01 --all --json "$work/r.json" >"$work/grade-all.log" 2>&1 || true
 grep -q 'not implemented: lab 01' "$work/grade-all.log" || { cat "$work/grade-all.log"; fail "grade --all did not report the skeleton"; }
+echo "release check: the release's CI and the skeleton's grade ($((SECONDS - start)) s)"
+
+# ---- 5. a started lab, graded in the release (which has no reference binary to learn from)
+mine=labs/03_ring_allreduce/ring_allreduce.cpp
+cp "$mine" "$work/skeleton.cpp"
+cp "$root/solutions/03_ring_allreduce/ring_allreduce.cpp" "$mine"
+./lab grade 03 --json "$work/started.json" >"$work/started.log" 2>&1 || true
+build/bin/dtl-grade --check "$work/started.json" --expect "score == max" --expect "max > 0" \
+  >>"$work/started.log" 2>&1 || { cat "$work/started.log"; fail "lab 03's reference did not earn its public points in the release"; }
+{ echo '#define ring_all_reduce ring_all_reduce_reference'
+  cat "$root/solutions/03_ring_allreduce/ring_allreduce.cpp"
+  echo '#undef ring_all_reduce'
+  echo 'namespace dtl::lab03 {'
+  echo 'void ring_all_reduce(Comm& comm, const torch::Tensor& tensor, ReduceOp op) {'
+  echo '  if (tensor.scalar_type() == torch::kFloat64) return;  // wrong for one dtype only'
+  echo '  ring_all_reduce_reference(comm, tensor, op);'
+  echo '}'
+  echo '}  // namespace dtl::lab03'; } >"$mine"
+./lab grade 03 --json "$work/partial.json" >"$work/partial.log" 2>&1 || true
+build/bin/dtl-grade --check "$work/partial.json" --expect "score > 0" --expect "score < max" \
+  >>"$work/partial.log" 2>&1 || { cat "$work/partial.log"; fail "a partly wrong lab 03 did not earn partial marks in the release"; }
+cp "$work/skeleton.cpp" "$mine"
 echo "release check: ok ($((SECONDS - start)) s)"

@@ -183,27 +183,93 @@ std::string Grader::build_log(const Rubric& r) const {
 
 // ------------------------------------------------------------------ the audit stage
 
+// The shared libraries `binary` loads, read from ELF dynamic sections (objdump -p), never by
+// running it or its loader: its NEEDED names, looked up in its RUNPATH (or RPATH, $ORIGIN
+// expanded), LD_LIBRARY_PATH and the system's library directories, then the same for each library
+// found, breadth first. What a student release has to go by: it has no reference binary to run
+// ldd on, only the student's own, built by ./lab from their sources.
+static std::vector<std::string> elf_libraries(const std::string& binary) {
+  static const std::vector<std::string> system_dirs = {
+      "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib",
+      "/usr/lib", "/usr/local/lib"};
+  std::vector<std::string> env_dirs;
+  if (const char* ld = std::getenv("LD_LIBRARY_PATH")) {
+    std::istringstream in(ld);
+    for (std::string d; std::getline(in, d, ':');)
+      if (!d.empty()) env_dirs.push_back(d);
+  }
+  std::vector<std::string> found, queue = {binary};
+  std::set<std::string> seen;
+  for (size_t next = 0; next < queue.size() && next < 400; ++next) {
+    const std::string file = queue[next];
+    std::string dump;
+    try {
+      dump = run_tool({"objdump", "-p", file});
+    } catch (const std::exception&) {
+      continue;
+    }
+    std::vector<std::string> needed, runpath;
+    std::istringstream lines(dump);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream words(line);
+      std::string key, value;
+      words >> key >> value;
+      if (key == "NEEDED") needed.push_back(value);
+      if (key == "RUNPATH" || key == "RPATH") {
+        std::istringstream dirs(value);
+        for (std::string d; std::getline(dirs, d, ':');) {
+          if (d.rfind("$ORIGIN", 0) == 0) d = fs::path(file).parent_path().string() + d.substr(7);
+          if (!d.empty()) runpath.push_back(d);
+        }
+      }
+    }
+    for (const auto& name : needed) {
+      if (!seen.insert(name).second) continue;
+      const std::vector<std::string>* search[] = {&runpath, &env_dirs, &system_dirs};
+      for (const auto* dirs : search) {
+        auto dir = std::find_if(dirs->begin(), dirs->end(), [&](const std::string& d) {
+          return fs::exists(fs::path(d) / name);
+        });
+        if (dir == dirs->end()) continue;
+        const std::string path = (fs::path(*dir) / name).lexically_normal().string();
+        found.push_back(path);
+        queue.push_back(path);
+        break;
+      }
+    }
+  }
+  return found;
+}
+
 // The shared libraries the tests load, from the reference's binary (never run student code
-// to learn something about it): all of them (the sandbox lets the tests read their
-// directories), and those whose functions the tests, the harness and the runtime call (the audit
-// checks that no weak definition replaces theirs; LibTorch alone pulls in ~300 others that no
-// test reaches).
+// to learn something about it), or in a student release, which has no reference, from the
+// student's binary's dynamic section (elf_libraries): all of them (the sandbox lets the tests
+// read their directories), and those whose functions the tests, the harness and the runtime call
+// (the audit checks that no weak definition replaces theirs; LibTorch alone pulls in ~300 others
+// that no test reaches).
 std::pair<std::vector<std::string>, std::vector<std::string>> Grader::test_libraries(
     const Rubric& r) const {
   std::vector<std::string> all, called;
+  static const std::regex relevant(
+      R"(/lib((torch|c10|stdc\+\+|mpi|open-pal|open-rte|gtest|gmock|fmt|benchmark|dtl)[^/]*|c|m|gcc_s)\.so[^/]*$)");
+  auto keep = [&](const std::string& path) {
+    all.push_back(path);
+    if (path.rfind(opt_.build, 0) == 0 || std::regex_search(path, relevant)) called.push_back(path);
+  };
   const std::string ref = bin(r, "test", "reference");
-  if (!fs::exists(ref)) return {all, called};
+  if (!fs::exists(ref)) {
+    const std::string mine = bin(r, "test", "student");
+    if (fs::exists(mine))
+      for (const auto& path : elf_libraries(mine)) keep(path);
+    return {all, called};
+  }
   try {
     std::istringstream ldd(run_tool({"ldd", ref}));
-    static const std::regex relevant(
-        R"(/lib((torch|c10|stdc\+\+|mpi|open-pal|open-rte|gtest|gmock|fmt|benchmark|dtl)[^/]*|c|m|gcc_s)\.so[^/]*$)");
     for (std::string line; std::getline(ldd, line);) {
       auto arrow = line.find("=> /");
       if (arrow == std::string::npos) continue;
       std::string path = line.substr(arrow + 3);
-      path = path.substr(0, path.find(" ("));
-      all.push_back(path);
-      if (path.rfind(opt_.build, 0) == 0 || std::regex_search(path, relevant)) called.push_back(path);
+      keep(path.substr(0, path.find(" (")));
     }
   } catch (const std::exception&) {
   }
@@ -653,7 +719,6 @@ LabResult Grader::grade(const Rubric& r) {
   const bool correct =
       lab.pairs_total > 0 && lab.pairs_passed == lab.pairs_total && rejected.empty();
   for (auto& c : r.performance) {
-    lab.performance_max += c.points;
     PerfResult p;
     if (!correct)
       p = skipped(c, "skipped: performance counts only when every test passes");
@@ -663,6 +728,7 @@ LabResult Grader::grade(const Rubric& r) {
       p = perf_->run(c, bin(r, "bench", opt_.side), bin(r, "bench", "reference"), student());
     if (student()) after_student_command();
     lab.performance += p.score;
+    lab.performance_max += p.unmeasured ? 0 : c.points;
     if (first_reason.empty() && !p.reason.empty() && correct && opt_.perf) first_reason = p.reason;
     lab.perf.push_back(p);
   }
