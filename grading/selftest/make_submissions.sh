@@ -29,6 +29,9 @@
 #                 fmt::output_file and at::DynamicLibrary (dlopen)   (escape hatches)
 #                 Comm::reset_stats, memory::reset_peak              (measurement tampering)
 # and those stopped by what the grader measures:
+#   repcheat    3x slower, and in a benchmark run with the low repetition count (read from its
+#               command line) sleeps 15 s, to make the grader's difference of two runs
+#               negative (it once read as "unstable" and got the points)  -> performance 0
 #   benchcheat  skips the work at the benchmark's size only         -> tests pass, performance 0,
 #               in seconds (a fixed number of calls per size)
 #   localsum    the benchmark's sum computed locally (no communication) -> performance 0
@@ -58,7 +61,7 @@ ref="$root/solutions/03_ring_allreduce/ring_allreduce.cpp"
 skel="$root/labs/03_ring_allreduce/ring_allreduce.cpp"
 f=ring_allreduce.cpp
 rm -rf "$out"
-for v in correct skeleton nocompile segv deadlock slow partial cheat-source cheat-object \
+for v in correct skeleton nocompile segv deadlock slow repcheat partial cheat-source cheat-object \
          benchcheat localsum destructor daemon-noaudit sleepy flood lab01 cheat-asmlabel \
          cheat-symlink cheat-process cheat-private cheat-report-noaudit honest-lab17 \
          honest-lab18; do mkdir -p "$out/$v"; done
@@ -241,6 +244,22 @@ CPP
 } >"$out/daemon-noaudit/$f"
 # lab01: another lab's submission graded in the same scratch build (its lab set must change).
 cp "$root/solutions/01_why_distributed/why_distributed.cpp" "$out/lab01/"
+# repcheat: the low-repetition run made the slow one.
+wrap '  static const bool low_run = [] {
+    std::ifstream in("/proc/self/cmdline");
+    const std::string argv((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return argv.find(std::string("--benchmark_repetitions=1") + (char)0) != std::string::npos;
+  }();
+  static bool slept = false;
+  if (low_run && !slept) {
+    slept = true;
+    std::this_thread::sleep_for(std::chrono::seconds(15));
+  }
+  auto start = std::chrono::steady_clock::now();
+  ring_all_reduce_reference(comm, tensor, op);
+  std::this_thread::sleep_for(2 * (std::chrono::steady_clock::now() - start));  // 3x the time' \
+  >"$out/repcheat/$f"
+sed -i '1i #include <fstream>\n#include <iterator>\n#include <string>' "$out/repcheat/$f"
 # benchcheat: no work at the benchmark's size (16 MiB of float32), the real thing elsewhere.
 wrap '  if (tensor.numel() == 4194304) return;
   ring_all_reduce_reference(comm, tensor, op);' >"$out/benchcheat/$f"

@@ -75,6 +75,10 @@ grade slow --perf-rounds 1
 expect slow "correctness == correctness_max"
 expect slow "performance == 0"
 expect slow "reason contains 'x the reference'"
+# A submission that reads which timed run it is in cannot shape the grader's measurement.
+grade repcheat --perf-rounds 1
+expect repcheat "correctness == correctness_max"
+expect repcheat "performance == 0"
 # The untouched skeleton is "not started": 0, and nothing is built or run for it.
 grade skeleton --no-perf
 expect skeleton "score == 0"

@@ -95,20 +95,35 @@ PerfResult PerfRunner::run(const PerfCheck& c, const std::string& mine, const st
     return p;
   }
   const int lo = std::max(1, c.repetitions_low), hi = std::max(lo + 1, c.repetitions_high);
-  // Seconds per extra repetition of one side, from a (low, high) pair of runs; NaN if either
-  // failed or noise made the difference meaningless.
-  std::vector<double> a, b, fig_a, fig_b;
-  auto measure = [&](const std::string& exe, bool mine_side) {
-    const Sample s_lo = once(c, exe, lo, mine_side && untrusted, p.output);
-    const Sample s_hi = once(c, exe, hi, mine_side && untrusted, p.output);
-    const double per =
-        s_lo.seconds > 0 && s_hi.seconds > 0 ? (s_hi.seconds - s_lo.seconds) / (hi - lo) : NAN;
-    (mine_side ? a : b).push_back(per > 0 ? per : NAN);
-    (mine_side ? fig_a : fig_b).push_back(s_hi.figure);
-    return s_lo.seconds > 0 && s_hi.seconds > 0;
+  // The reference (the course's code, honest) runs at both counts: the difference is its time per
+  // repetition, and what is left at the low count is the start-up both binaries share (MPI,
+  // LibTorch, the harness). The student's binary runs at the high count only, with the very same
+  // arguments every time: nothing it can read tells one timed run from another, so it cannot make
+  // one run slower to shrink a difference. Its time per repetition is its run's time less that
+  // start-up.
+  std::vector<double> ref_per, startup, mine_total, fig_a, fig_b;
+  auto reference_round = [&] {
+    const Sample s_lo = once(c, ref, lo, false, p.output);
+    const Sample s_hi = once(c, ref, hi, false, p.output);
+    if (!(s_lo.seconds > 0 && s_hi.seconds > 0)) return false;
+    const double per = (s_hi.seconds - s_lo.seconds) / (hi - lo);
+    if (per > 0) {
+      ref_per.push_back(per);
+      startup.push_back(std::max(0.0, s_lo.seconds - lo * per));
+    }
+    fig_b.push_back(s_hi.figure);
+    return true;
   };
+  auto student_round = [&] {
+    const Sample s = once(c, mine, hi, untrusted, p.output);
+    if (!(s.seconds > 0)) return false;
+    mine_total.push_back(s.seconds);
+    fig_a.push_back(s.figure);
+    return true;
+  };
+  auto mine_per = [&] { return (median(mine_total) - median(startup)) / hi; };
   auto ratio_now = [&] {
-    const double s = median(a), r = median(b);
+    const double s = mine_per(), r = median(ref_per);
     return s > 0 && r > 0 ? r / s : NAN;  // time per repetition: the reference's over yours
   };
   const int max_rounds = std::max(opt_.perf_rounds, opt_.perf_max_rounds);
@@ -116,43 +131,51 @@ PerfResult PerfRunner::run(const PerfCheck& c, const std::string& mine, const st
   for (int i = 0; i < max_rounds && !failed; ++i) {
     if (i >= opt_.perf_rounds) {
       const double q = ratio_now();
-      const bool noisy = spread(b) > 1.5;
-      // Settled: clearly above the bar, or clearly under it on a quiet machine.
-      if (std::isnan(q) || q >= c.min_ratio || (q < 0.5 * c.min_ratio && !noisy)) break;
+      // Settled: over the bar, or under it while the reference's own rounds agree; otherwise
+      // (a busy machine) another interleaved round.
+      if (!std::isnan(q) && (q >= c.min_ratio || spread(ref_per) <= 1.5)) break;
     }
-    const bool mine_first = i % 2 == 0;
-    failed = !measure(mine_first ? mine : ref, mine_first) ||
-             !measure(mine_first ? ref : mine, !mine_first);
+    const bool mine_first = i % 2 == 0;  // the order flips every round
+    failed = mine_first ? !(student_round() && reference_round())
+                        : !(reference_round() && student_round());
   }
   p.student = median(fig_a);
   p.reference = median(fig_b);
-  if (failed || a.empty()) {
+  if (failed || mine_total.empty()) {
     p.reason = "benchmark failed: " + first_line(p.output);
     return p;
   }
-  p.ratio = ratio_now();
-  const double noise = spread(b);
-  p.output += fmt::format(
-      "timed by the grader: {:.3f} s per repetition yours, {:.3f} s the reference's (median of {} "
-      "interleaved rounds, {} vs {} repetitions; the reference's rounds spread {:.2f}x): {:.2f} x "
-      "the reference's speed, needs {:.2f}\nthe benchmark's own {} (measured in-process, not "
-      "scored): yours {:.4g}, reference {:.4g}\n",
-      median(a), median(b), a.size(), hi, lo, noise, p.ratio, c.min_ratio, c.counter, p.student,
-      p.reference);
-  if (std::isnan(p.ratio)) {
-    p.unstable = true;
-  } else if (p.ratio >= c.min_ratio) {
-    p.score = c.points;
+  const double noise = spread(ref_per);
+  if (ref_per.empty() || noise > 1.5) {
+    // The machine was too busy to time even the reference: nothing is decided, either way.
+    p.unmeasured = true;
+    p.output += fmt::format(
+        "not measured: the reference's own rounds varied {:.1f}x over {} rounds (the grading "
+        "machine was busy); this check neither gives nor takes points (its maximum is 0 in this "
+        "result), and an instructor may re-grade\n",
+        noise, ref_per.size());
+    p.reason = fmt::format("{}: not measured (the machine was too busy to time it)", c.name);
     return p;
-  } else if (noise > 1.5) {
-    p.unstable = true;
   }
-  if (p.unstable) {
-    p.score = c.points;
+  p.ratio = ratio_now();
+  p.output += fmt::format(
+      "timed by the grader: {:.3f} s per repetition yours ({} repetitions, less the {:.2f} s of "
+      "start-up the reference's runs show), {:.3f} s the reference's ({} vs {} repetitions; its "
+      "rounds spread {:.2f}x), median of {} interleaved rounds: {:.2f} x the reference's speed, "
+      "needs {:.2f}\nthe benchmark's own {} (measured in-process, not scored): yours {:.4g}, "
+      "reference {:.4g}\n",
+      mine_per(), hi, median(startup), median(ref_per), hi, lo, noise, mine_total.size(), p.ratio,
+      c.min_ratio, c.counter, p.student, p.reference);
+  if (std::isnan(p.ratio)) {
+    // Your run took no longer than the start-up alone: not a time any honest run shows.
     p.reason = fmt::format(
-        "{}: unstable (the machine was too busy to time it: the reference's own "
-        "rounds varied {:.1f}x); points given, an instructor may re-grade",
-        c.name, noise);
+        "{}: your benchmark's runs took {:.3f} s, no longer than the {:.3f} s the runtime needs to "
+        "start: not a valid time (0 points)",
+        c.name, median(mine_total), median(startup));
+    return p;
+  }
+  if (p.ratio >= c.min_ratio) {
+    p.score = c.points;
     return p;
   }
   p.reason = fmt::format("{}: {:.2f} x the reference, needs {:.2f}", c.name, p.ratio, c.min_ratio);

@@ -2,14 +2,18 @@
 //
 // Stage 5 of grading, performance, timed by the grader itself: a benchmark's in-process timer
 // runs inside the student's process, so its figures are shown but not scored. The grader times
-// whole benchmark processes with its own clock, twice per side and round, with the rubric's low
-// and high repetition counts (--benchmark_repetitions): the difference is the time of the extra
-// repetitions, start-up (MPI, LibTorch) cancelled out. Student and reference runs alternate, the
-// order flipping every round; the score compares medians per repetition. When the reference's own
-// rounds disagree by more than half (a busy machine) and the result is under the bar, more
-// rounds are taken; if the machine stays that noisy the check is reported "unstable", with its
-// points given, never as a 0 the submission did not earn. The benchmark's own check that every
-// timed call computed the right result runs inside the student's process (an in-process check).
+// whole benchmark processes with its own clock. The reference runs with the rubric's low and high
+// repetition counts (--benchmark_repetitions): the difference is its time per repetition, the
+// rest the start-up (MPI, LibTorch) every binary pays. The student's binary runs with the high
+// count only, the same arguments every time (it cannot tell one timed run from another, so it
+// cannot shape a difference); its time per repetition is its run less that start-up. Student and
+// reference runs alternate, the order flipping every round; the score compares medians per
+// repetition. A student time no longer than the start-up alone is the student's failure. When
+// the reference's own rounds disagree by more than half (a busy machine) and the result is under
+// the bar, more rounds are taken; if the machine stays that noisy the check is "not measured":
+// no points given or taken (its maximum is 0 in that result), flagged for the instructor. The
+// benchmark's own check that every timed call computed the right result runs inside the
+// student's process (an in-process check).
 #pragma once
 
 #include <string>

@@ -59,10 +59,12 @@ std::string table(const std::vector<LabResult>& labs, const Options& opt,
         fmt::format("{:.0f}/{:g}", lab.performance, lab.performance_max),
         fmt::format("{:.1f}/{:g}", t, m), reason.empty() ? "ok" : first_line(reason, 160));
     for (auto& p : lab.perf)
-      if (!std::isnan(p.ratio))
-        out += fmt::format("      performance {}: {:.2f} x the reference (needs {:.2f}){}\n",
-                           p.check->name, p.ratio, p.check->min_ratio,
-                           p.unstable ? ", unstable: points given" : "");
+      if (p.unmeasured)
+        out += fmt::format("      performance {}: not measured (the machine was too busy): no "
+                           "points given or taken\n", p.check->name);
+      else if (!std::isnan(p.ratio))
+        out += fmt::format("      performance {}: {:.2f} x the reference (needs {:.2f})\n",
+                           p.check->name, p.ratio, p.check->min_ratio);
     if (!lab.verdict.empty() && !lab.not_started)
       out += fmt::format("      verdict: {}\n", lab.verdict);
     if (!for_students && !lab.integrity.empty()) {
@@ -118,8 +120,8 @@ json to_gradescope(const std::vector<LabResult>& labs, double seconds, const std
           {{"name", fmt::format("lab {} | performance: {}", r.lab, p.check->name)},
            {"number", fmt::format("{}.p{}", r.lab, ++q)},
            {"score", p.score},
-           {"max_score", p.check->points},
-           {"status", status_of(p.score, p.check->points)},
+           {"max_score", p.unmeasured ? 0.0 : p.check->points},
+           {"status", p.unmeasured ? std::string("passed") : status_of(p.score, p.check->points)},
            {"visibility", "visible"},
            {"output", plain((p.reason.empty() ? std::string("meets the target") : p.reason) + "\n" +
                             p.output)}});

@@ -24,7 +24,8 @@ struct GroupRun {
 struct PerfResult {
   const PerfCheck* check = nullptr;
   double student = NAN, reference = NAN, ratio = NAN, score = 0;
-  bool unstable = false;  // the machine was too noisy to decide; points given, flagged
+  bool unmeasured = false;  // the machine was too noisy to decide: no points given or taken
+                            // (the check's maximum is 0 in this result), flagged
   std::string reason, output;
 };
 
