@@ -14,6 +14,7 @@
 #include <regex>
 #include <sstream>
 
+#include "dtl/harness/untrusted_file.hpp"
 #include "results.hpp"
 
 namespace fs = std::filesystem;
@@ -105,8 +106,12 @@ JobRunner::JobRunner(const Options& opt, const Identity& student, std::string re
       reports_(std::move(reports)),
       libraries_(std::move(libraries)) {}
 
-std::vector<std::string> JobRunner::mpirun(int n) const {
-  std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(n)};
+std::vector<std::string> JobRunner::mpirun(int n, bool sandboxed) const {
+  // Inside the launcher's sandbox mpirun is executed by path (execve does not search PATH).
+  std::string program = "mpirun";
+  if (sandboxed && opt_.sandbox)
+    if (const std::string p = which("mpirun"); !p.empty()) program = p;
+  std::vector<std::string> cmd = {program, "-n", std::to_string(n)};
   for (auto& f : split_list(DTL_MPIRUN_FLAGS)) cmd.push_back(f);
   return cmd;
 }
@@ -166,11 +171,19 @@ static std::vector<std::string> gpu_device_nodes() {
   return nodes;
 }
 
-std::vector<std::string> JobRunner::sandbox_prefix(const std::string& job_dir,
-                                                   bool processes) const {
-  if (!opt_.sandbox) return {};
-  const std::string sandbox = (fs::path(opt_.build) / "bin" / "dtl-sandbox").string();
-  std::vector<std::string> cmd = {sandbox, "--write", job_dir};
+// mpirun's own programs, where this machine has them (OpenMPI 4: orterun, orted; OpenMPI 5:
+// prterun, prted, prte).
+static std::vector<std::string> mpi_programs() {
+  std::vector<std::string> found;
+  for (const char* program : {"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "prte"})
+    if (const std::string p = which(program); !p.empty()) found.push_back(p);
+  return found;
+}
+
+// What every sandboxed process of a job may touch (sandbox.hpp): write the job's directory (and
+// its own /dev/shm), read the system and the tests' libraries, use the GPUs.
+std::vector<std::string> JobRunner::policy_args(const std::string& job_dir) const {
+  std::vector<std::string> cmd = {"--write", job_dir};
   // What a rank reads: system libraries and configuration, /proc and /sys (MPI's and the BLAS's
   // view of the machine), devices (/dev/null, /dev/urandom, GPUs), and the directories of the
   // shared libraries the tests load (the runtime's, a LibTorch outside /usr). Not the course's
@@ -191,21 +204,52 @@ std::vector<std::string> JobRunner::sandbox_prefix(const std::string& job_dir,
     cmd.push_back("--write");
     cmd.push_back("/dev/shm");
   }
+  return cmd;
+}
+
+std::vector<std::string> JobRunner::sandbox_prefix(const std::string& job_dir,
+                                                   bool processes) const {
+  if (!opt_.sandbox) return {};
+  std::vector<std::string> cmd = {(fs::path(opt_.build) / "bin" / "dtl-sandbox").string()};
+  for (auto& a : policy_args(job_dir)) cmd.push_back(a);
   if (processes) {
     cmd.push_back("--processes");
-    for (const char* program : {"mpirun", "mpiexec", "orterun", "orted"})
-      if (const std::string p = which(program); !p.empty()) {
-        cmd.push_back("--exec");
-        cmd.push_back(p);
-      }
+    for (const auto& p : mpi_programs()) {
+      cmd.push_back("--exec");
+      cmd.push_back(p);
+    }
+  }
+  cmd.push_back("--");
+  return cmd;
+}
+
+std::vector<std::string> JobRunner::launcher_prefix(const std::string& job_dir,
+                                                    const std::string& program) const {
+  if (!opt_.sandbox) return {};
+  const std::string sandbox = (fs::path(opt_.build) / "bin" / "dtl-sandbox").string();
+  std::vector<std::string> cmd = {sandbox};
+  for (auto& a : policy_args(job_dir)) cmd.push_back(a);
+  // mpirun starts processes, so it may fork and exec, but only these programs: its own, the
+  // per-rank launcher and the test binary. A rank that asks mpirun to start anything else
+  // (MPI_Comm_spawn) is refused by the kernel, and whatever mpirun starts inherits this domain.
+  cmd.push_back("--processes");
+  std::vector<std::string> exec = mpi_programs();
+  exec.push_back(sandbox);
+  exec.push_back(program);
+  for (const auto& p : exec) {
+    cmd.push_back("--exec");
+    cmd.push_back(p);
   }
   cmd.push_back("--");
   return cmd;
 }
 
 void JobRunner::read_report(const std::string& path, Job& job) const {
-  std::ifstream in(path);
-  job.report = json::parse(in, nullptr, false);
+  // Written by the job: never through a link, only a regular file, at most 64 MiB.
+  std::string text, why;
+  job.report = read_untrusted_file(path, size_t{64} << 20, text, why)
+                   ? json::parse(text, nullptr, false)
+                   : json(json::value_t::discarded);
   std::error_code ec;
   fs::remove(path, ec);
   if (job.report.is_discarded() || !job.report.contains("testsuites")) return;
@@ -228,8 +272,10 @@ Job JobRunner::run(const JobPlan& plan) {
   const std::string tag =
       fmt::format("{}_n{}_{}", fs::path(plan.worker).filename().string(), plan.world, counter_++);
   const std::string seed = std::to_string(fresh_seed());
-  // ---- worker
-  std::vector<std::string> cmd = mpirun(plan.world);
+  // ---- worker: mpirun inside a domain of its own (launcher_prefix), each rank inside its own
+  std::vector<std::string> cmd;
+  if (plan.untrusted) cmd = launcher_prefix(dir, plan.worker);
+  for (auto& a : mpirun(plan.world, plan.untrusted)) cmd.push_back(a);
   if (plan.untrusted)
     for (auto& a : sandbox_prefix(dir, plan.processes)) cmd.push_back(a);
   const std::string worker_report = fmt::format("{}/{}.worker.json", dir, tag);
@@ -254,8 +300,10 @@ Job JobRunner::run(const JobPlan& plan) {
                    : run_command(cmd, plan.timeout, env, reports_);
   if (keep_job_dirs()) std::ofstream(reports_ + "/" + tag + ".worker.log") << job.worker.output;
   {
-    std::ifstream in(watchdog_report);
-    job.watchdog = json::parse(in, nullptr, false);
+    std::string text, why;
+    job.watchdog = read_untrusted_file(watchdog_report, size_t{16} << 20, text, why)
+                       ? json::parse(text, nullptr, false)
+                       : json(json::value_t::discarded);
   }
   read_report(worker_report, job);
   // ---- driver: only when the worker's report leaves something to confirm
@@ -289,7 +337,11 @@ Job JobRunner::run(const JobPlan& plan) {
   job.failed.clear();
   job.passed.clear();
   job.skipped.clear();
-  job.driver = run_command(dcmd, plan.timeout, denv, trusted);
+  // The driver reads what the worker left: bounded files (untrusted_file.hpp), and its own heap
+  // capped as a student run's is, so no input can make it take the grading machine's memory.
+  Limits driver_limits;
+  driver_limits.data_bytes = static_cast<long long>(opt_.memory_limit_mb) << 20;
+  job.driver = run_command(dcmd, plan.timeout, denv, trusted, driver_limits);
   read_report(driver_report, job);
   {
     std::ifstream in(summary);

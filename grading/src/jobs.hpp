@@ -63,9 +63,15 @@ class JobRunner {
   JobRunner(const Options& opt, const Identity& student, std::string reports,
             std::vector<std::string> libraries);
   Job run(const JobPlan& plan);
-  // The worker's sandbox command prefix for a benchmark or other student program.
+  // The worker's sandbox command prefix for a benchmark or other student program (each rank).
   std::vector<std::string> sandbox_prefix(const std::string& job_dir, bool processes) const;
-  std::vector<std::string> mpirun(int n) const;
+  // The prefix that puts mpirun itself in a sandbox (before mpirun's own arguments): it may
+  // start only its own programs, the per-rank launcher and `program` (MPI_Comm_spawn of anything
+  // else fails), and writes only where the ranks may.
+  std::vector<std::string> launcher_prefix(const std::string& job_dir,
+                                           const std::string& program) const;
+  // mpirun and its flags; `sandboxed`: named by path, for launcher_prefix.
+  std::vector<std::string> mpirun(int n, bool sandboxed = false) const;
   std::vector<std::string> mpi_env() const;
   Limits student_limits(const std::string& job_dir) const;
   Launch student_launch() const;
@@ -76,6 +82,7 @@ class JobRunner {
 
  private:
   void read_report(const std::string& path, Job& job) const;
+  std::vector<std::string> policy_args(const std::string& job_dir) const;
   const Options& opt_;
   Identity student_;
   std::string reports_;

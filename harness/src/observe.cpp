@@ -24,6 +24,7 @@
 #include <stdexcept>
 
 #include "dtl/error.hpp"
+#include "dtl/harness/untrusted_file.hpp"
 #include "observe_session.hpp"
 
 namespace dtl::testing {
@@ -383,16 +384,20 @@ void start_record(const std::string& dir, int rank) {
 void start_check(const std::string& dir, int rank) {
   Session& s = session();
   const std::string path = stream_path(dir, rank);
-  std::ifstream in(path, std::ios::binary);
   s.mode = SplitMode::kCheck;
-  if (!in) {
-    s.stream_problem = "your code's run left no record for rank " + std::to_string(rank) +
-                       " (it did not start, or crashed before its first test)";
+  // The worker wrote it, and the worker's file-size limit (1 GiB) is its cap here: never through
+  // a link (to /dev/zero, say), never a FIFO or a device (untrusted_file.hpp).
+  std::string data, why;
+  if (!read_untrusted_file(path, size_t{1} << 30, data, why)) {
+    s.stream_problem =
+        access(path.c_str(), F_OK) != 0 && errno == ENOENT
+            ? "your code's run left no record for rank " + std::to_string(rank) +
+                  " (it did not start, or crashed before its first test)"
+            : "the record of your code's run for rank " + std::to_string(rank) + " " + why +
+                  ": not read";
     return;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  load(s, ss.str());
+  load(s, data);
 }
 
 void test_start(const std::string& name, uint64_t seed, int rank) {
