@@ -52,6 +52,16 @@
 #   cheat-report-noaudit  the skeleton, plus gtest's fake reporter swallowing every failure of
 #                   its own run (graded with the audit off)                   -> 0: the driver
 #                   finds no value where the tests observe one
+#   cheat-stream    lab 03's reference, but the record the driver checks (rank-*.obs in the job
+#                   directory) replaced by a symbolic link to /dev/zero (the driver once read it
+#                   until the machine ran out of memory)              -> 0: not followed, said so
+#   cheat-spawn-noaudit  lab 03's reference, plus MPI_Comm_spawn of /bin/sh writing outside the
+#                   job (graded with the audit off; a hand-made symbol lookup reaches the call
+#                   unnamed): mpirun ran it with no sandbox      -> nothing written: mpirun's own
+#                   sandbox refuses to execute anything but its programs and the test binary
+#   honest-idioms   lab 03's reference with std::async, std::promise, std::call_once and
+#                   #pragma GCC diagnostic (once rejected: "__cxa_init_primary_exception",
+#                   "uses #pragma")                                           -> full marks
 #   honest-lab17    lab 17's reference with std::ifstream / std::ofstream       -> full marks
 #   honest-lab18    lab 18's reference with std::shared_mutex and timed waits   -> full marks
 set -euo pipefail
@@ -63,7 +73,8 @@ f=ring_allreduce.cpp
 rm -rf "$out"
 for v in correct skeleton nocompile segv deadlock slow repcheat partial cheat-source cheat-object \
          benchcheat localsum destructor daemon-noaudit sleepy flood lab01 cheat-asmlabel \
-         cheat-symlink cheat-process cheat-private cheat-report-noaudit honest-lab17 \
+         cheat-symlink cheat-process cheat-private cheat-report-noaudit cheat-stream cheat-spawn-noaudit honest-idioms \
+         honest-lab17 \
          honest-lab18; do mkdir -p "$out/$v"; done
 
 cp "$ref" "$out/correct/$f"
@@ -260,6 +271,47 @@ wrap '  static const bool low_run = [] {
   std::this_thread::sleep_for(2 * (std::chrono::steady_clock::now() - start));  // 3x the time' \
   >"$out/repcheat/$f"
 sed -i '1i #include <fstream>\n#include <iterator>\n#include <string>' "$out/repcheat/$f"
+# cheat-spawn-noaudit: a rank asks mpirun to start a program of its choosing.
+wrap '  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    char* args[] = {(char*)"-c", (char*)"echo escaped > /tmp/dtl-selftest-escaped", nullptr};
+    MPI_Comm children;
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    MPI_Comm_spawn("/bin/sh", args, 1, MPI_INFO_NULL, 0, MPI_COMM_SELF, &children,
+                   MPI_ERRCODES_IGNORE);
+  }
+  ring_all_reduce_reference(comm, tensor, op);' >"$out/cheat-spawn-noaudit/$f"
+sed -i '1i #include <mpi.h>' "$out/cheat-spawn-noaudit/$f"
+# honest-idioms: the standard library's concurrency idioms and a diagnostic pragma.
+wrap '  static std::once_flag once;
+  static int calls = 0;
+  std::call_once(once, [] { calls = 1; });
+  std::promise<int> promised;
+  std::future<int> got = promised.get_future();
+  auto task = std::async(std::launch::async, [&promised] { promised.set_value(calls); });
+  task.get();
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-variable"
+  const int unused = got.get();
+#pragma GCC diagnostic pop
+  ring_all_reduce_reference(comm, tensor, op);' >"$out/honest-idioms/$f"
+sed -i '1i #include <future>\n#include <mutex>' "$out/honest-idioms/$f"
+# cheat-stream: the driver's input made endless.
+wrap '  static const bool swapped = [] {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(".", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("rank-", 0) == 0 && name.find(".obs") != std::string::npos) {
+        std::filesystem::remove(e.path(), ec);
+        std::filesystem::create_symlink("/dev/zero", e.path(), ec);
+      }
+    }
+    return true;
+  }();
+  (void)swapped;
+  ring_all_reduce_reference(comm, tensor, op);' >"$out/cheat-stream/$f"
+sed -i '1i #include <filesystem>\n#include <string>' "$out/cheat-stream/$f"
 # benchcheat: no work at the benchmark's size (16 MiB of float32), the real thing elsewhere.
 wrap '  if (tensor.numel() == 4194304) return;
   ring_all_reduce_reference(comm, tensor, op);' >"$out/benchcheat/$f"

@@ -223,6 +223,25 @@ expect cheat-private "output contains 'redefined access specifier'"
 expect cheat-private "output contains 'explicit instantiation on a member pointer'"
 MAX_WORLD=1 grade cheat-report-noaudit --no-perf --no-audit
 expect cheat-report-noaudit "score == 0"
+# A rank that asks mpirun to start a program: refused (mpirun is sandboxed too). Whatever the
+# score (the job may abort), nothing outside the job directory was written.
+rm -f /tmp/dtl-selftest-escaped
+MAX_WORLD=1 TEST_TIMEOUT=20 grade cheat-spawn-noaudit --no-perf --no-audit
+if want cheat-spawn-noaudit; then
+  if [ -e /tmp/dtl-selftest-escaped ]; then
+    echo "FAIL cheat-spawn-noaudit: a spawned program wrote /tmp/dtl-selftest-escaped"
+    fails=$((fails + 1)); failed+=("cheat-spawn-noaudit: escaped"); rm -f /tmp/dtl-selftest-escaped
+  else
+    echo "ok   cheat-spawn-noaudit: nothing written outside the job"
+  fi
+fi
+# Honest standard-library idioms keep full marks.
+MAX_WORLD=1 grade honest-idioms --no-perf
+expect honest-idioms "score == max"
+# The driver reads what the worker left without following links, with caps.
+MAX_WORLD=1 grade cheat-stream --no-perf
+expect cheat-stream "score == 0"
+expect cheat-stream "output contains 'symbolic link'"
 for lab in 17 18; do
   want "honest-lab$lab" || continue
   echo "==== honest-lab$lab"

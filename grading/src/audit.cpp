@@ -37,6 +37,7 @@ const char* const kAllowC =
     R"(_GLOBAL_OFFSET_TABLE_|__libc_single_threaded|__tls_get_addr|__stack_chk_fail|)"
     R"(__cxa_(allocate_exception|free_exception|throw|rethrow|begin_catch|end_catch|guard_acquire|)"
     R"(guard_release|guard_abort|pure_virtual|atexit|thread_atexit|thread_atexit_impl|bad_cast|)"
+    R"(init_primary_exception|)"
     R"(bad_typeid|call_unexpected|throw_bad_array_new_length|get_exception_ptr|)"
     R"(current_exception_type)|__dynamic_cast|)"
     // glibc 2.38+ (Debian 13) redirects strtol and its kin to __isoc23_strtol in C++ code.
@@ -46,6 +47,8 @@ const char* const kAllowC =
     R"(v?s?n?printf|fprintf|vfprintf|puts|putchar|fputs|fputc|fwrite|fflush|stdout|stderr|)"
     R"(__assert_fail|abort|rand|srand|qsort|bsearch|abs|labs|llabs|__errno_location|free|)"
     R"(_?_?pthread_[a-z_]+|sem_(init|destroy|wait|timedwait|clockwait|trywait|post|getvalue)|)"
+    // std::call_once and std::async (libstdc++'s once machinery, extern "C").
+    R"(__once_proxy|)"
     R"(sched_yield|nanosleep|clock_nanosleep|usleep|sleep|clock_gettime|clock|time|gettimeofday|)"
     R"(localtime_r|gmtime_r|strftime|)"
     R"((sqrt|cbrt|exp|exp2|expm1|log|log2|log10|log1p|pow|fabs|floor|ceil|round|lround|llround|)"
@@ -392,7 +395,11 @@ AuditResult audit_sources(const std::vector<std::string>& files, const AuditPoli
       {std::regex(R"(\b(asm|__asm__|__asm)\b)"), "inline assembly"},
       {std::regex(R"(\b__REDIRECT\w*|\b__ASMNAME\b)"), "an asm label (__REDIRECT)"},
       {std::regex(R"(__attribute__|__declspec|\[\[\s*(gnu|clang)\s*::)"), "compiler attributes"},
-      {std::regex(R"(^\s*#\s*pragma\b|\b_Pragma\b)"), "#pragma"},
+      // The pragmas that rename or weaken symbols (and _Pragma, whose string this scan cannot
+      // read); #pragma once, omp, GCC diagnostic/optimize/unroll and the like are honest code.
+      {std::regex(R"(^\s*#\s*pragma\s+(weak|redefine_extname|extern_prefix|GCC\s+visibility)\b|)"
+                  R"(\b_Pragma\b)"),
+       "a #pragma that renames or weakens symbols"},
       {std::regex(R"(##)"), "token pasting (##)"},
       {std::regex(R"re(\bextern\s*"")re"), "extern \"C\""},
       {std::regex(R"(__has_include|^\s*#\s*(embed|include_next|import)\b)"),
@@ -403,9 +410,15 @@ AuditResult audit_sources(const std::vector<std::string>& files, const AuditPoli
        "a redefined access specifier (#define private public)"},
       {std::regex(R"(\btemplate\s+(struct|class)\s+[\w:]+\s*<[^>]*&)"),
        "an explicit instantiation on a member pointer (access to private members)"},
+      // A hand-made symbol lookup: walking the ELF tables or the dynamic linker's list of loaded
+      // objects reaches any function (dlsym, MPI_Comm_spawn) without naming it where the object
+      // audit can see. No lab needs it.
+      {std::regex(R"(\b(Elf(32|64)_\w+|ElfW|link_map|_DYNAMIC|dl_iterate_phdr|__libc_\w+|_r_debug|)"
+                  R"(r_debug|getauxval)\b)"),
+       "a hand-made symbol lookup (ELF tables, the dynamic linker's link map, libc internals)"},
   };
-  // Noticed, for the instructor: tricks on access control, probing /proc or the ELF tables, raw
-  // system calls. Each with what makes it harmless ("review": nothing does; a human reads it).
+  // Noticed, for the instructor: probing /proc, raw system calls, libc's process globals. Each
+  // with what makes it harmless ("review": nothing does; a human reads it).
   struct SourceNote {
     std::regex re;
     const char* text;
@@ -415,9 +428,8 @@ AuditResult audit_sources(const std::vector<std::string>& files, const AuditPoli
   static const std::vector<SourceNote> noted = {
       {std::regex(R"(/proc/)"), "names a /proc path", "landlock", true},
       {std::regex(R"(\bsyscall\s*\()"), "makes raw system calls", "seccomp", false},
-      {std::regex(R"(\b(Elf(32|64)_\w+|link_map|_DYNAMIC|dl_iterate_phdr|__libc_\w+|_r_debug|)"
-                  R"(__environ|program_invocation_\w*)\b)"),
-       "walks the program's ELF tables or libc internals", "review", false},
+      {std::regex(R"(\b(__environ|program_invocation_\w*)\b)"),
+       "reads libc's process globals", "review", false},
   };
   // Code goes into namespace dtl (the lab's namespace, nested ones, anonymous ones), never into
   // someone else's: that is how a definition would replace a library's.
