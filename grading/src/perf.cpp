@@ -36,7 +36,7 @@ double spread(const std::vector<double>& v) {
 }  // namespace
 
 PerfRunner::Sample PerfRunner::once(const PerfCheck& c, const std::string& exe, int repetitions,
-                                    bool untrusted, std::string& log) {
+                                    bool untrusted, bool as_student, std::string& log) {
   Sample s;
   const std::string dir = untrusted ? jobs_.job_dir() : jobs_.reports();
   const std::string out =
@@ -54,8 +54,13 @@ PerfRunner::Sample PerfRunner::once(const PerfCheck& c, const std::string& exe, 
   if (untrusted)
     for (const char* var : {"TMPDIR=", "HOME=", "OMPI_MCA_btl_vader_backing_directory="})
       env.push_back(var + dir);
+  // Both sides of a sandboxed grading run in the same sandbox (launchers, namespaces, limits), so
+  // its start-up costs the same on both: the reference as the grader's user (the student's
+  // user may not execute it), the student's code as the student's.
+  Launch launch = jobs_.student_launch();
+  if (!as_student) launch.as = Identity{};
   const RunResult res = untrusted ? run_command(cmd, opt_.timeout, env, dir,
-                                                jobs_.student_limits(dir), jobs_.student_launch())
+                                                jobs_.student_limits(dir), launch)
                                   : run_command(cmd, opt_.timeout, env, dir);
   std::string text, why;  // written by the benchmark: no link, a regular file, at most 16 MiB
   json j = read_untrusted_file(out, size_t{16} << 20, text, why) ? json::parse(text, nullptr, false)
@@ -108,8 +113,8 @@ PerfResult PerfRunner::run(const PerfCheck& c, const std::string& mine, const st
   // start-up.
   std::vector<double> ref_per, startup, mine_total, fig_a, fig_b;
   auto reference_round = [&] {
-    const Sample s_lo = once(c, ref, lo, false, p.output);
-    const Sample s_hi = once(c, ref, hi, false, p.output);
+    const Sample s_lo = once(c, ref, lo, untrusted, false, p.output);
+    const Sample s_hi = once(c, ref, hi, untrusted, false, p.output);
     if (!(s_lo.seconds > 0 && s_hi.seconds > 0)) return false;
     const double per = (s_hi.seconds - s_lo.seconds) / (hi - lo);
     if (per > 0) {
@@ -120,7 +125,7 @@ PerfResult PerfRunner::run(const PerfCheck& c, const std::string& mine, const st
     return true;
   };
   auto student_round = [&] {
-    const Sample s = once(c, mine, hi, untrusted, p.output);
+    const Sample s = once(c, mine, hi, untrusted, true, p.output);
     if (!(s.seconds > 0)) return false;
     mine_total.push_back(s.seconds);
     fig_a.push_back(s.figure);

@@ -37,8 +37,10 @@ class PerfRunner {
     double seconds = -1;  // wall time of the whole process, by the grader's clock
     double figure = NAN;  // the benchmark's own counter (in-process: shown, not scored)
   };
+  // `untrusted`: in the sandbox, as a student run is (the reference too, so that both pay the
+  // same start-up); `as_student`: as the student's user.
   Sample once(const PerfCheck& check, const std::string& exe, int repetitions, bool untrusted,
-              std::string& log);
+              bool as_student, std::string& log);
   const Options& opt_;
   JobRunner& jobs_;
 };
