@@ -100,6 +100,8 @@ grep -qx "lab=05" "$work/zip/grading/gradescope/settings" || fail "the lab-05 au
 rm -rf "$work/zip"
 # A pinned assignment that gets another lab's file: nothing graded, the expected files named.
 mkdir "$work/upload" && echo "int x;" >"$work/upload/ring_allreduce.cpp"
+# Graded as root, a submission is read as the unprivileged user dtl-student: it must reach it.
+chmod o+x "$work" && chmod -R o+rX "$work/upload"
 "$root/lab" grade --submission "$work/upload" 05 --json "$work/upload.json" >"$work/upload.log" 2>&1 || true
 "$root/build/bin/dtl-grade" --check "$work/upload.json" --expect "score == 0" \
   --expect "reason contains 'Expected (the files of lab 05'" --expect "reason contains 'grad_accumulation.cpp'" \
