@@ -1,10 +1,14 @@
 # Compile settings shared by every dtl target, and the torch precompiled headers.
 #
-# Build economy: a TU that includes <torch/torch.h> costs ~22 s on 2 cores, ~13 s with a
-# precompiled header. Every torch-using target reuses one of two PCHs built here.
+# Build economy: every torch-using target reuses one of two PCHs built here (<torch/torch.h>,
+# 586 MB each). With it a lab's test TU still takes 15-18 s on the 2-core course machine (2026-11:
+# most of it template instantiation, not parsing), the runtime's and harness's larger ones 40-70 s
+# two at a time; the whole tree's 200 TUs, about 45 minutes cold.
 
+# -Wno-unknown-pragmas: a pragma the build does not enable (#pragma omp without -fopenmp) is
+# honest code that compiles to the serial loop; under CI's -Werror it would fail the build.
 function(dtl_warnings target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas)
   if(DTL_WARNINGS_AS_ERRORS)
     target_compile_options(${target} PRIVATE -Werror)
   endif()
@@ -44,3 +48,4 @@ function(dtl_use_torch target)
   endif()
   dtl_warnings(${target})
 endfunction()
+
