@@ -328,6 +328,9 @@ TEST(GradeDDP, EveryBucketBeforeTheEmbeddingIsIssuedDuringBackward) {
     EXPECT_LT(ops[b].issued, marker) << "bucket " << b << " was issued after backward reached "
                                      << "the embedding: issue each bucket as it completes";
   }
+  // What was issued is the averaged gradient.
+  GPT naive = naive_averaged(cfg, my_rows(tokens, *comm));
+  dtl::testing::expect_modules_close(*model, *naive, 1e-5, 1e-7, /*grads=*/true);
 }
 
 // The next synchronised backward after a failed one works (the wrapper's state is reset).

@@ -129,16 +129,29 @@ TEST(GradeLayers, CommunicationOfTheFlags) {
   ColumnParallelLinear col(s->weight, s->bias, *comm, true);
   auto before = measured_stats(*comm);
   const torch::Tensor x = same_input({2, kIn}, 81).requires_grad_(true);
-  col(x).sum().backward();
+  const torch::Tensor xs = x.detach().clone().requires_grad_(true);
+  const torch::Tensor y = col(x);
+  y.sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), 1) << "gather_output: one all-gather";
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 1) << "backward: x's gradient";
+  // The counts are measured in the process under test: what they carried is checked too.
+  const torch::Tensor ys = s(xs);
+  ys.sum().backward();
+  DTL_EXPECT_CLOSE(y, ys) << "gather_output: the whole serial output";
+  DTL_EXPECT_CLOSE(x.grad(), xs.grad()) << "x's gradient, summed over tp";
   torch::nn::Linear t = serial_linear(kIn, kOut, false, 82);
   RowParallelLinear row(t->weight, torch::Tensor(), *comm, false);
   before = measured_stats(*comm);
   const torch::Tensor z = same_input({2, kIn}, 83).requires_grad_(true);
-  row(z).sum().backward();
+  const torch::Tensor zs = z.detach().clone().requires_grad_(true);
+  const torch::Tensor out = row(z);
+  out.sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 1) << "forward: the partial sums";
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), 1) << "backward: z's gradient";
+  const torch::Tensor outs = t(zs);
+  outs.sum().backward();
+  DTL_EXPECT_CLOSE(out, outs) << "the summed partial products";
+  DTL_EXPECT_CLOSE(z.grad(), zs.grad()) << "z's gradient, gathered";
 }
 
 TEST(GradeBadInput, MalformedFullWeights) {

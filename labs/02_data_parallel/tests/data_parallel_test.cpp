@@ -194,14 +194,23 @@ TEST(DataParallel, MatchesSerialTrainingWithSgd) {
 }
 
 // Bytes on the wire per step: one ring all-reduce of every gradient, 2 (n - 1) / n x grad
-// bytes per rank. Counted on a private Comm so no other traffic is included.
+// bytes per rank. Counted on a private Comm so no other traffic is included. The counters are
+// measured inside the process under test, so the test also checks what the traffic was for:
+// the model trained as serial training does.
 TEST(DataParallel, CommunicatesOneAllReducePerParameter) {
   const GPTConfig cfg = GPTConfig::tiny();
   data::SyntheticCorpus corpus(cfg.vocab_size, 4);
   data::GlobalBatchSampler sampler(corpus, 6, cfg.seq_len);
+  const int steps = 2;
+  const torch::Tensor expected = testing::serial(1, [&] {
+    GPT m(cfg);
+    auto o = dtl::make_adamw(*m, dp_adamw());
+    for (int s = 0; s < steps; ++s) dtl::train_step(m, *o, sampler.global_batch_at(s));
+    return testing::flat_params(*m);
+  });
   GPT model(cfg);
   model->to(device());
-  auto opt = dtl::make_adamw(*model);
+  auto opt = dtl::make_adamw(*model, dp_adamw());
   std::shared_ptr<Comm> comm = W().dup();
 
   int64_t n_params = 0, grad_bytes = 0;
@@ -210,9 +219,9 @@ TEST(DataParallel, CommunicatesOneAllReducePerParameter) {
     grad_bytes += p.numel() * static_cast<int64_t>(sizeof(float));
   }
   const int n = comm->size();
-  const int steps = 2;
   for (int s = 0; s < steps; ++s)
     dp_train_step(model, *opt, sampler.global_batch_at(s).to(device()), *comm);
+  DTL_EXPECT_PARAMS_CLOSE(*model, expected, 1e-4, 2e-5);
 
   const CommStats st = MEASURED(comm->stats());
   EXPECT_EQ(st[OpType::AllReduce].count, steps * n_params) << "one all-reduce per parameter";

@@ -152,12 +152,20 @@ TEST(RingReduceScatter, AverageDividesOnce) {
   }
 }
 
+// The traffic tests check the result too (on random input): counters are measured inside the
+// process under test, so a test must never pass on them alone.
 TEST(RingReduceScatter, SendsEveryChunkButItsOwnToOneNeighbour) {
   auto comm = fresh_comm();
   const int n = comm->size(), r = comm->rank();
   const int64_t numel = 1001;  // not divisible by 2..5; chunks of 4 KiB at most
-  auto output = torch::empty({chunk_range(numel, n, r).size()}, device_options());
-  dtl::lab03::ring_reduce_scatter(*comm, output, torch::ones({numel}, device_options()));
+  auto input = random_tensor(numel, torch::kFloat32);
+  auto full = input.clone();
+  comm->all_reduce(full);
+  comm->reset_stats();  // count only what the ring sends
+  const auto mine = chunk_range(numel, n, r);
+  auto output = torch::full({mine.size()}, -1.0f, device_options());
+  dtl::lab03::ring_reduce_scatter(*comm, output, input);
+  EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Sum));
   const auto s = MEASURED(comm->stats());
   EXPECT_EQ(s[OpType::SendRecv].count, n - 1) << "one sendrecv per ring step, n-1 steps";
   EXPECT_EQ(collectives_used(s), "") << "build it from sendrecv only";
@@ -214,8 +222,11 @@ TEST(RingAllGather, ForwardsEveryChunkButOneToOneNeighbour) {
   auto comm = fresh_comm();
   const int n = comm->size(), r = comm->rank();
   const int64_t numel = 1001;
-  auto output = torch::empty({numel}, device_options());
-  dtl::lab03::ring_all_gather(*comm, output, torch::ones({chunk_range(numel, n, r).size()}, device_options()));
+  auto whole = dtl::testing::serial(11, [&] { return random_tensor(numel, torch::kFloat32); });
+  const auto mine = chunk_range(numel, n, r);
+  auto output = torch::full({numel}, -1.0f, device_options());
+  dtl::lab03::ring_all_gather(*comm, output, whole.slice(0, mine.begin, mine.end).clone());
+  DTL_EXPECT_EQUAL(output, whole);
   const auto s = MEASURED(comm->stats());
   EXPECT_EQ(s[OpType::SendRecv].count, n - 1);
   EXPECT_EQ(collectives_used(s), "");
@@ -309,7 +320,12 @@ TEST(RingAllReduce, TwoNMinusOneStepsAndBandwidthOptimalBytes) {
   for (int64_t numel : sizes) {
     auto comm = fresh_comm();
     const int n = comm->size(), r = comm->rank();
-    dtl::lab03::ring_all_reduce(*comm, torch::ones({numel}, device_options()));
+    auto t = random_tensor(numel, torch::kFloat32);
+    auto expected = t.clone();
+    comm->all_reduce(expected);
+    comm->reset_stats();
+    dtl::lab03::ring_all_reduce(*comm, t);
+    EXPECT_TRUE(reduced_equal(t, expected, ReduceOp::Sum)) << "numel " << numel;
     const auto s = MEASURED(comm->stats());
     EXPECT_EQ(s[OpType::SendRecv].count, 2 * (n - 1))
         << "n-1 reduce-scatter + n-1 all-gather steps";
@@ -355,7 +371,12 @@ TEST(RecursiveDoubling, LogarithmicNumberOfMessages) {
   auto comm = fresh_comm();
   const int n = comm->size();
   const int64_t numel = 1000;
-  dtl::lab03::recursive_doubling_all_reduce(*comm, torch::ones({numel}, device_options()));
+  auto t = random_tensor(numel, torch::kFloat32);
+  auto expected = t.clone();
+  comm->all_reduce(expected);
+  comm->reset_stats();
+  dtl::lab03::recursive_doubling_all_reduce(*comm, t);
+  EXPECT_TRUE(reduced_equal(t, expected, ReduceOp::Sum));
   const auto s = MEASURED(comm->stats());
   EXPECT_EQ(collectives_used(s), "") << "build it from point-to-point calls only";
   const int lg = floor_log2(n);

@@ -93,7 +93,9 @@ TEST(AssignBuckets, RejectsBadArguments) {
 TEST(VerifyModel, AcceptsTheSameModelWithoutAllReduce) {
   auto comm = fresh_comm();
   GPT model(GPTConfig::tiny());
-  verify_model_across_ranks(*model, *comm);
+  EXPECT_EQ(dtl::testing::error_of([&] { verify_model_across_ranks(*model, *comm); }),
+            "(no dtl::Error)")
+      << "the same model on every rank is accepted";
   const dtl::CommStats st = MEASURED(comm->stats());
   EXPECT_EQ(st[OpType::AllReduce].count, 0) << st.to_string();
   EXPECT_EQ(st[OpType::Broadcast].count, 0) << "verify only compares descriptions";
@@ -258,13 +260,7 @@ TEST(DDPTraining, GradientsEqualNaivePerParameterAveraging) {
   const torch::Tensor global =
       dtl::data::GlobalBatchSampler(corpus, 2 * comm->size(), cfg.seq_len).global_batch_at(0).to(device());
 
-  GPT naive(cfg);
-  naive->to(device());
-  naive->loss(my_rows(global, *comm)).backward();
-  for (auto& p : naive->parameters()) {
-    comm->all_reduce(p.mutable_grad());
-    p.mutable_grad().div_(comm->size());
-  }
+  GPT naive = naive_averaged(cfg, my_rows(global, *comm));
 
   GPT model(cfg);
   model->to(device());
@@ -281,10 +277,13 @@ TEST(DDPTraffic, OneAllReducePerBucketInBucketOrder) {
   const GPTConfig cfg = GPTConfig::tiny();
   dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 6);
   dtl::data::GlobalBatchSampler sampler(corpus, 2 * comm->size(), cfg.seq_len);
+  const int steps = 2;
+  const auto make_opt = [](GPT& m) { return dtl::make_adamw(*m, ddp_adamw()); };
+  const torch::Tensor expected = serial_params(cfg, sampler, steps, make_opt, {});
   GPT model(cfg);
   model->to(device());
   DistributedDataParallel ddp(model.ptr(), *comm, small_buckets());
-  auto opt = dtl::make_adamw(*model);
+  auto opt = make_opt(model);
   const std::vector<int64_t> numels = observed_bucket_numels(ddp);
   const size_t n_buckets = numels.size();
   ASSERT_GE(n_buckets, 3u) << "the test wants several buckets";
@@ -293,7 +292,6 @@ TEST(DDPTraffic, OneAllReducePerBucketInBucketOrder) {
   for (const auto& p : ddp.parameters()) grad_bytes += p.numel() * 4;
 
   comm->reset_stats();
-  const int steps = 2;
   for (int s = 0; s < steps; ++s) {
     ddp_step(model, *opt, sampler.global_batch_at(s).to(device()), *comm);
     const std::vector<OpRecord> ops = measured_all_reduces(*comm);
@@ -311,6 +309,9 @@ TEST(DDPTraffic, OneAllReducePerBucketInBucketOrder) {
       << "exactly one all-reduce per bucket per step: " << st.to_string();
   EXPECT_EQ(st.total_count(), st[OpType::AllReduce].count) << "and nothing else: " << st.to_string();
   EXPECT_EQ(st[OpType::AllReduce].bytes, steps * grad_bytes) << "every gradient once per step";
+  // The counters are measured in the process under test: the traffic must also have trained
+  // the model as serial training does.
+  DTL_EXPECT_CLOSE(flat_params(*model), expected, 1e-4, 2e-5);
 }
 
 // The point of DDP: bucket 0's all-reduce is issued while backward is still computing. The
@@ -355,6 +356,9 @@ TEST(DDPTraffic, FirstBucketIsIssuedBeforeBackwardEnds) {
     EXPECT_LE(ops.back().issued, backward_returned_at)
         << "backward() must return only after every bucket's all-reduce was issued and waited on";
   }
+  // And what was issued early was the averaged gradient.
+  GPT naive = naive_averaged(cfg, my_rows(tokens, *comm));
+  dtl::testing::expect_modules_close(*model, *naive, 1e-5, 1e-7, /*grads=*/true);
 }
 
 // Registered late, used early: the second bucket fills first, and must wait for the first.

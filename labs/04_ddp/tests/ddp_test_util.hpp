@@ -227,6 +227,21 @@ inline float ddp_step(GPT& model, torch::optim::Optimizer& opt, const torch::Ten
   return loss.item<float>();
 }
 
+// The oracle of DDP's gradients: a plain model(cfg) after backward on this rank's `rows`, each
+// gradient all-reduced on its own and divided by the world size (lab 02's naive averaging), on a
+// Comm of its own so that the Comm under test counts nothing of it.
+inline GPT naive_averaged(const GPTConfig& cfg, const torch::Tensor& rows) {
+  auto comm = dtl::testing::fresh_comm();
+  GPT naive(cfg);
+  naive->to(device());
+  naive->loss(rows).backward();
+  for (auto& p : naive->parameters()) {
+    comm->all_reduce(p.mutable_grad());
+    p.mutable_grad().div_(comm->size());
+  }
+  return naive;
+}
+
 // Forward and backward of the GPT's loss on `tokens` ([B, T + 1]), with a hook on the
 // embedding output's gradient. Autograd computes that gradient after every block and the
 // head, just before the embedding's own backward (the last op of backward). Returns the

@@ -155,6 +155,20 @@ TEST(FitAlphaBeta, RecoversTheEmulatedIntraAndInterNodeLinks) {
         << c.name << " link (" << c.spec << "): fitted alpha " << fit.alpha * 1e3 << " ms";
     EXPECT_NEAR(fit.beta, c.expected.beta, 0.25 * c.expected.beta)
         << c.name << " link (" << c.spec << "): fitted beta " << fit.beta / 1e6 << " MB/s";
+    // The figures above are timed in the process under test. The fit is also a result the
+    // driver checks: on samples measured here, fit_alpha_beta gives their least-squares line.
+    std::vector<Sample> samples =
+        dtl::lab07::measure_link(*comm, c.src, c.dst, {16 << 10, 64 << 10, 256 << 10});
+    if (comm->rank() != c.src) continue;
+    std::vector<double> seconds;
+    for (const Sample& s : samples) seconds.push_back(s.seconds);
+    seconds = MEASURED(seconds);
+    for (size_t i = 0; i < samples.size(); ++i) samples[i].seconds = seconds[i];
+    const auto [intercept, slope] = least_squares(samples);
+    const LinkModel line = observed(dtl::lab07::fit_alpha_beta(samples));
+    EXPECT_PRED3(within_rtol, line.beta, 1 / slope, 1e-9) << c.name << ": the least-squares slope";
+    EXPECT_NEAR(line.alpha, std::max(intercept, 0.0), 1e-9 * std::abs(intercept) + 1e-15)
+        << c.name << ": the least-squares intercept (clamped at 0)";
   }
 }
 

@@ -68,6 +68,7 @@ TEST(ParallelAttention, OneAllReduceEachWay) {
   auto s = serial->block(0)->attn;
   ParallelAttention attn = parallel_attention_of(*s, cfg, *comm);
   const torch::Tensor x = same_input({B, T, cfg.d_model}, 3).requires_grad_(true);
+  const torch::Tensor xs = x.detach().clone().requires_grad_(true);
   const int64_t expected = comm->size() > 1 ? 1 : 0;
   auto before = measured_stats(*comm);
   const torch::Tensor y = attn(x);
@@ -76,6 +77,11 @@ TEST(ParallelAttention, OneAllReduceEachWay) {
   y.sum().backward();
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), expected) << "backward";
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");
+  // The counts are measured in the process under test; what they carried is checked too.
+  const torch::Tensor ys = s->forward(xs);
+  ys.sum().backward();
+  DTL_EXPECT_CLOSE(y, ys, 1e-4, 1e-5);
+  DTL_EXPECT_CLOSE(x.grad(), xs.grad(), 1e-4, 1e-5);
 }
 
 // A head cannot be split: n_head = 5 over tp 2, 3 or 4 is rejected by name.
@@ -124,10 +130,12 @@ TEST(VocabParallelEmbedding, UsesOnlyItsGroup) { expect_embedding_equals_serial(
 // reduce_from_tp's count: one all-reduce forward, none backward.
 TEST(VocabParallelEmbedding, OneAllReduceForwardNoneBackward) {
   auto comm = fresh_comm();
-  VocabParallelEmbedding emb(same_input({96, 48}, 5), *comm);
+  const torch::Tensor full = same_input({96, 48}, 5);
+  VocabParallelEmbedding emb(full, *comm);
   const torch::Tensor idx = same_tokens(2, 16, 96, 6);
   auto before = measured_stats(*comm);
   const torch::Tensor y = emb(idx);
+  DTL_EXPECT_CLOSE(y, torch::nn::functional::embedding(idx, full)) << "what the all-reduce summed";
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), comm->size() > 1 ? 1 : 0);
   EXPECT_EQ(measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
             comm->size() > 1 ? y.numel() * 4 : 0);
@@ -195,10 +203,14 @@ TEST(VocabParallelCrossEntropy, UsesOnlyItsGroup) {
 TEST(VocabParallelCrossEntropy, CommunicatesPerTokenNumbersOnly) {
   auto comm = fresh_comm();
   const int64_t V = 96, n = B * T;
-  const torch::Tensor local = same_input({B, T, V / comm->size()}, 8).requires_grad_(true);
+  const Range r = mine(V, *comm);
+  const torch::Tensor full = same_input({B, T, V}, 8) * 3;
+  const torch::Tensor local = full.narrow(-1, r.begin, r.size()).clone().requires_grad_(true);
   const torch::Tensor targets = same_tokens(B, T, V, 9);
   auto before = measured_stats(*comm);
   const torch::Tensor loss = vocab_parallel_cross_entropy(local, targets, *comm);
+  DTL_EXPECT_CLOSE(loss, torch::nn::functional::cross_entropy(full.view({-1, V}), targets.view({-1})))
+      << "the per-token numbers must add up to the loss";
   const int64_t reduces = count_since(before, *comm, OpType::AllReduce);
   const int64_t bytes =
       measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes;
@@ -298,6 +310,10 @@ TEST(TensorParallelGPT, TwoAllReducesPerBlockEachWay) {
   const torch::Tensor logits = gpt(idx);
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), n)
       << "forward, " << cfg.n_layer << " blocks";
+  // What the all-reduces carried: this rank's vocabulary columns of the serial logits.
+  const Range cols = mine(cfg.vocab_size, *comm);
+  DTL_EXPECT_CLOSE(logits, serial(idx).detach().narrow(-1, cols.begin, cols.size()), 1e-4,
+                   1e-5);
   EXPECT_EQ(measured_stats(*comm)[OpType::AllReduce].bytes - before[OpType::AllReduce].bytes,
             n * activation_bytes);
   EXPECT_EQ(others_since(before, *comm, OpType::AllReduce), "");

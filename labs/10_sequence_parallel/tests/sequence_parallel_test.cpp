@@ -146,6 +146,9 @@ TEST(SequenceParallelBlock, SameWireBytesAsTensorParallel) {
 
   auto before = measured_stats(*comm);
   const torch::Tensor y = sp(chunk_leaf(x, *comm));
+  // Counts are measured in the process under test: what they carried is checked too.
+  DTL_EXPECT_CLOSE(y, sequence_chunk(serial->block(0)->forward(x).detach(), 1, *comm), 1e-4, 1e-5)
+      << "this rank's chunk of the serial block's output";
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), n > 1 ? 2 : 0) << "forward";
   EXPECT_EQ(count_since(before, *comm, OpType::ReduceScatter), n > 1 ? 2 : 0) << "forward";
   EXPECT_EQ(count_since(before, *comm, OpType::AllReduce), 0) << "forward";
@@ -186,6 +189,8 @@ TEST(SequenceParallelBlock, KeepsLessActivationMemory) {
   // figure is the student's process's (MEASURED).
   const int64_t kept_tp = kept([&] { return y_tp = tp(x); });
   const int64_t kept_sp = MEASURED(kept([&] { return y_sp = sp(xc); }));
+  // Keeping less is easy when nothing is computed: the chunk must be the serial block's.
+  DTL_EXPECT_CLOSE(y_sp, sequence_chunk(y_tp.detach(), 1, *comm), 1e-4, 1e-5);
   // At least the LayerNorm inputs are kept for a chunk only: ln2's (the residual stream h) and
   // ln1's of the next block (this block's output): 2 x [B, T, d] floats, tp-fold smaller.
   const int64_t region = 2 * B * T * cfg.d_model * 4;
@@ -263,6 +268,7 @@ TEST(SequenceParallelGPT, CollectivesOfLab09sWireBytes) {
 
   auto before = measured_stats(*comm);
   const torch::Tensor loss = sp->loss(tokens);
+  DTL_EXPECT_CLOSE(loss, serial->loss(tokens).detach(), 1e-4, 1e-5) << "the serial loss";
   EXPECT_EQ(count_since(before, *comm, OpType::ReduceScatter), n > 1 ? 2 * L + 1 : 0)
       << "forward: the embedding's and two per block";
   EXPECT_EQ(count_since(before, *comm, OpType::AllGather), n > 1 ? 2 * L + 1 : 0)
@@ -335,6 +341,15 @@ TEST(RingAttention, SendsExactlyTheFormula) {
   const RingBytes formula = ring_attention_bytes(b * h * tc * dh, 4, comm->size());
   auto before = measured_stats(*comm);
   const torch::Tensor out = ring_attention(q, k, v, *comm);
+  // What the bytes were for: every rank's chunk is known to all (same_input is rank-independent,
+  // so the whole sequence is the chunk repeated), and the output is full causal attention's.
+  {
+    const torch::Tensor qf = q.detach().repeat({1, 1, comm->size(), 1});
+    const torch::Tensor kf = k.detach().repeat({1, 1, comm->size(), 1});
+    const torch::Tensor vf = v.detach().repeat({1, 1, comm->size(), 1});
+    const torch::Tensor full = dtl::model::causal_attention(qf, kf, vf, 0.0, false);
+    DTL_EXPECT_CLOSE(out, sequence_chunk(full, 2, *comm), 1e-5, 1e-6);
+  }
   EXPECT_EQ(measured_stats(*comm)[OpType::SendRecv].bytes - before[OpType::SendRecv].bytes,
             formula.forward);
   EXPECT_EQ(others_since(before, *comm, OpType::SendRecv), "") << "forward";
@@ -353,7 +368,15 @@ TEST(RingAttention, SendsToTheNextRank) {
   const torch::Tensor q = same_input({1, 2, 3, 4}, 30).requires_grad_(true);
   const torch::Tensor k = same_input({1, 2, 3, 4}, 31).requires_grad_(true);
   const torch::Tensor v = same_input({1, 2, 3, 4}, 32).requires_grad_(true);
-  ring_attention(q, k, v, *comm).sum().backward();
+  const torch::Tensor out = ring_attention(q, k, v, *comm);
+  {  // the result, not only the peers (q, k, v are the same on every rank: see above)
+    const int64_t reps = comm->size();
+    const torch::Tensor full = dtl::model::causal_attention(
+        q.detach().repeat({1, 1, reps, 1}), k.detach().repeat({1, 1, reps, 1}),
+        v.detach().repeat({1, 1, reps, 1}), 0.0, false);
+    DTL_EXPECT_CLOSE(out, sequence_chunk(full, 2, *comm), 1e-5, 1e-6);
+  }
+  out.sum().backward();
   std::vector<int> peers;  // of every sendrecv, as the student's process recorded them
   for (const dtl::OpRecord& op : comm->recent_ops())
     if (op.op == OpType::SendRecv) peers.push_back(op.peer);

@@ -88,16 +88,21 @@ TEST(Checkpoint, KeepsOnlyItsInputs) {
   const CheckpointFn fn = [w](const std::vector<torch::Tensor>& in) {
     return ((in[0] * w).tanh() * w).sigmoid().exp();
   };
+  torch::Tensor outs[2];
   auto kept = [&](bool use_checkpoint) {
     torch::Tensor x = x0.clone().requires_grad_(true);
     const auto before = static_cast<int64_t>(dtl::memory::current_bytes());
     torch::Tensor out = use_checkpoint ? checkpoint(fn, {x}) : fn({x});
-    return static_cast<int64_t>(dtl::memory::current_bytes()) - before;
+    const auto bytes = static_cast<int64_t>(dtl::memory::current_bytes()) - before;
+    outs[use_checkpoint] = out.detach();
+    return bytes;
   };
   const int64_t out_bytes = x0.numel() * 4;
   // The plain function's figure is the oracle (this process's own); the checkpoint's is the
   // student's process's (MEASURED).
   const int64_t plain = kept(false), ckpt = MEASURED(kept(true));
+  // Keeping nothing is easy when nothing is computed: the output is the function's.
+  DTL_EXPECT_EQUAL(outs[1], outs[0]);
   EXPECT_GE(plain, 3 * out_bytes) << "the plain function should keep intermediates";
   // The output itself, and the generator state (a few KiB) if you keep it as a tensor.
   EXPECT_LE(ckpt, out_bytes + 16 * 1024)
@@ -245,9 +250,13 @@ TEST(Policies, WhatForwardKeepsDropsAsTheFormulasSay) {
   if (!on_cpu()) GTEST_SKIP() << "the tracker counts CPU memory";
   const GPTConfig cfg = config(2, 32, 4, 64, 64);
   const int64_t B = 8, T = 64, e = 4, d = 32, f = 128, L = 2, H = 4, V = 64;
-  const int64_t none = measure_step(cfg, B, T, Policy::kNone).saved;
-  const int64_t selective = measure_step(cfg, B, T, Policy::kSelective).saved;
-  const int64_t full = measure_step(cfg, B, T, Policy::kFull).saved;
+  const MeasuredStep steps[] = {measure_step(cfg, B, T, Policy::kNone),
+                                measure_step(cfg, B, T, Policy::kSelective),
+                                measure_step(cfg, B, T, Policy::kFull)};
+  const double plain = plain_step_loss(cfg, B, T);
+  for (const MeasuredStep& st : steps)
+    EXPECT_NEAR(st.loss, plain, 1e-6 * std::abs(plain)) << "dropping activations keeps the loss";
+  const int64_t none = steps[0].saved, selective = steps[1].saved, full = steps[2].saved;
   const double core = double(L * e * 3 * B * H * T * T);
   const double layer_none = double(e * (B * T * (10 * d + 2 * f)) + e * 3 * B * H * T * T);
   EXPECT_NEAR(double(none - selective), core, 0.15 * core) << "selective should drop the core";

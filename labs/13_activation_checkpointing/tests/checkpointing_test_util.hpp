@@ -48,11 +48,23 @@ inline ActivationMemory observed(const ActivationMemory& a, const char* file = _
   return o;
 }
 
-// Both figures are the student's process's (its gpt_loss ran): MEASURED.
+// Both figures are the student's process's (its gpt_loss ran): MEASURED. The loss is a result
+// (observed as computed): memory figures alone would pass a gpt_loss that computes nothing.
 struct MeasuredStep {
   int64_t saved = 0;  // live bytes at the end of forward, above those before it
   int64_t peak = 0;   // the tracker's peak during forward + backward, above the same
+  double loss = 0;    // gpt_loss's value
 };
+
+// The same step's loss without any checkpointing: the model's own loss on the same tokens and
+// dropout seed (the oracle of measure_step's `loss`).
+inline double plain_step_loss(const GPTConfig& cfg, int64_t B, int64_t T) {
+  torch::manual_seed(1);
+  torch::Tensor tokens = torch::randint(cfg.vocab_size, {B, T + 1}, torch::kInt64);
+  GPT model(cfg);
+  model->train();
+  return model->loss(tokens).item<double>();
+}
 
 // One forward (gpt_loss under `policy`) and backward of a fresh model(cfg) in train mode, with
 // the gradients allocated beforehand (as from the second step of training on), dropout seeded.
@@ -75,6 +87,8 @@ inline MeasuredStep measure_step(const GPTConfig& cfg, int64_t B, int64_t T, Pol
   const auto src = dtl::testing::Source::kMeasured;
   m.saved = observe(m.saved, "the bytes forward kept", src, file, line);
   m.peak = observe(m.peak, "the step's peak bytes", src, file, line);
+  m.loss = observe(loss.item<double>(), "gpt_loss's value", dtl::testing::Source::kComputed, file,
+                   line);
   return m;
 }
 

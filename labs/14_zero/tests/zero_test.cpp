@@ -236,6 +236,7 @@ void communication_per_step(int stage) {
   const GPTConfig cfg = config(2, 32, /*tied=*/false);
   dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 5);
   dtl::data::GlobalBatchSampler sampler(corpus, 2 * n, cfg.seq_len);
+  const torch::Tensor expected = serial_params(cfg, sampler, 1, adamw());
   GPT model(cfg);
   model->to(device());
   ZeroOptimizer zero(model, *comm, stage, adamw());
@@ -259,6 +260,9 @@ void communication_per_step(int stage) {
     EXPECT_DOUBLE_EQ(st.total_wire_bytes(), (stage == 3 ? 1.5 : 1.0) *
                                                 wire(OpType::AllReduce, padded_bytes, n));
   }
+  // The counters are measured in the process under test: the step they counted must also be
+  // the serial step (full_parameters() gathers after the counting above).
+  DTL_EXPECT_CLOSE(zero.full_parameters(), expected, 1e-4, 2e-5) << "stage " << stage;
 }
 DTL_ZERO_TEST_PER_STAGE(CommunicationPerStep, communication_per_step)
 

@@ -247,9 +247,11 @@ TEST(CollectiveMatmul, CommunicatesAsPromised) {
     auto comm = fresh_comm();
     const Problem pb(*comm, R, K, N);
     comm->reset_stats();
-    dtl::lab16::allgather_matmul(pb.x_local, pb.weight, *comm, overlap);
+    const torch::Tensor y = dtl::lab16::allgather_matmul(pb.x_local, pb.weight, *comm, overlap);
     const auto st = MEASURED(comm->stats());
     const std::string mode = overlap ? "overlap" : "no overlap";
+    // The counters are measured in the process under test; the product is checked too.
+    DTL_EXPECT_CLOSE(y, pb.expected) << mode;
     const int64_t chunk = R * K * 4;
     if (!overlap && n > 1) {
       EXPECT_EQ(st[OpType::AllGather].count, 2) << mode << ": the row check and x";
@@ -281,8 +283,11 @@ TEST(CollectiveMatmul, TransfersRunWhileChunksCompute) {
   SlowLinks slow("intra=1GB/s,50ms;nodes=1");
   for (bool overlap : {false, true}) {
     Tracing on;
-    dtl::lab16::allgather_matmul(pb.x_local, pb.weight, *comm, overlap);
+    const torch::Tensor y = dtl::lab16::allgather_matmul(pb.x_local, pb.weight, *comm, overlap);
     const auto evs = dtl::trace::events();
+    // A 64-term float32 dot product: chunked and whole sums differ in the last bits.
+    DTL_EXPECT_CLOSE(y, pb.expected, 1e-4, 1e-5)
+        << "the spans are measured in the process under test; the product is checked too";
     // The spans are this process's trace times (MEASURED).
     const auto matmuls = measured_spans(named(evs, "matmul chunk"));
     ASSERT_EQ(matmuls.size(), static_cast<size_t>(n)) << "one DTL_SCOPE(\"matmul chunk <s>\") per chunk";
