@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -149,7 +150,7 @@ GroupRun Grader::not_run(const TestGroup& g, int n, const std::string& reason,
   GroupRun run;
   run.group = &g;
   run.world = n;
-  run.max_score = g.points / static_cast<double>(g.world_sizes.size());
+  run.max_score = g.points_at(n);
   run.total = 1;
   run.reason = reason;
   run.output = output;
@@ -287,9 +288,14 @@ std::string Grader::audit(const Rubric& r, LabResult& lab) {
   std::vector<std::string> problems;
   try {
     result = audit_sources(sources, policy);
-    if (objects.empty() && fs::exists(bin(r, "test", "student")))
-      problems.push_back("the student objects were not found in the build directory");
-    result.add(audit_objects(objects, policy));
+    // Sources rejected outright are never built (./lab stops before the build): the objects in
+    // the build directory are then an earlier build's (a scratch build reused for another
+    // submission), not this code's, and are not audited.
+    if (result.rejections(true, true, true).empty()) {
+      if (objects.empty() && fs::exists(bin(r, "test", "student")))
+        problems.push_back("the student objects were not found in the build directory");
+      result.add(audit_objects(objects, policy));
+    }
   } catch (const std::exception& e) {
     problems.push_back(std::string("the audit could not run: ") + e.what());
   }
@@ -433,7 +439,7 @@ GroupRun Grader::score_group(const TestGroup& g, int n, const std::vector<std::s
   GroupRun run;
   run.group = &g;
   run.world = n;
-  run.max_score = g.points / static_cast<double>(g.world_sizes.size());  // of the full rubric
+  run.max_score = g.points_at(n);  // of the full rubric
   run.total = std::max<int>(1, static_cast<int>(expected.size()));
   const RunResult& res = job.worker;
   const bool ok = trusted(job, expected);
@@ -489,12 +495,15 @@ GroupRun Grader::score_group(const TestGroup& g, int n, const std::vector<std::s
   } else if (run.hung && !hang_state.empty()) {
     run.reason = fmt::format("hang at n={} in {} stopped by the watchdog: {}", n, hung,
                              first_line(hang_state, 300));
+    run.stalled = true;
   } else if (res.timed_out && (!ok || !job.split)) {
     run.reason = fmt::format("timed out after {} s at n={} (a hang: see the watchdog's report)",
                              job.timeout, n);
+    run.stalled = true;
   } else if (!hang_state.empty() && !ok) {
     run.reason =
         fmt::format("hang at n={} stopped by the watchdog: {}", n, first_line(hang_state, 300));
+    run.stalled = true;
   } else if (const std::string death = signal_death_line(res.output); !death.empty()) {
     run.reason = fmt::format("crashed at n={}: {}", n, first_line(death));
   } else if (!failed.empty()) {
@@ -511,7 +520,7 @@ GroupRun Grader::score_group(const TestGroup& g, int n, const std::vector<std::s
       const size_t nl = msg.find('\n');
       const std::string body = nl == std::string::npos ? msg : msg.substr(nl + 1);
       run.reason = fmt::format("{} of {} tests fail at n={}; first: {}: {}", run.total - run.passed,
-                               run.total, n, failed.begin()->first, first_line(body, 160));
+                               run.total, n, failed.begin()->first, gist(body, 300));
     }
   } else if (ok && !missing.empty()) {
     run.reason = fmt::format(
@@ -580,6 +589,7 @@ std::vector<GroupRun> Grader::run_groups(const Rubric& r, const std::string& bin
     return seconds_left >= 0 ? std::max(1, std::min(t, static_cast<int>(seconds_left) + 1)) : t;
   };
   const auto start = Clock::now();
+  std::optional<Job> together;  // the job of all the groups, when it did not end by itself
   if (groups.size() > 1 && !union_tests.empty()) {
     std::string filter;
     for (auto& name : union_tests) filter += (filter.empty() ? "" : ":") + name;
@@ -593,9 +603,21 @@ std::vector<GroupRun> Grader::run_groups(const Rubric& r, const std::string& bin
         rows.push_back(score_group(r.tests[groups[k]], n, expected[k], job));
       return rows;
     }
+    together = std::move(job);
   }
+  // The test the watchdog stopped in the job of all groups, if any.
+  const std::string hung_test = together && together->watchdog.is_object()
+                                    ? together->watchdog.value("test", "")
+                                    : std::string();
   for (size_t k = 0; k < groups.size(); ++k) {
     const TestGroup& g = r.tests[groups[k]];
+    // The group that hung that job is scored on it: running it again alone would only wait out
+    // the same watchdog a second time.
+    if (!hung_test.empty() &&
+        std::find(expected[k].begin(), expected[k].end(), hung_test) != expected[k].end()) {
+      rows.push_back(score_group(g, n, expected[k], *together));
+      continue;
+    }
     const double left = seconds_left < 0 ? -1 : seconds_left - seconds_since(start);
     int t = g.timeout > 0 ? g.timeout : opt_.timeout;
     const bool budget_bound = bound(t, left);
@@ -654,6 +676,7 @@ LabResult Grader::grade(const Rubric& r) {
   // stops there (the hidden tests call the same unimplemented functions).
   std::map<std::pair<size_t, int>, GroupRun> rows;
   std::map<size_t, std::string> stopped;  // group -> why its larger sizes do not run
+  std::set<size_t> unimplemented;         // the groups stopped as "not implemented"
   std::string lab_stopped;
   for (const std::string binary : {"test", "grade"}) {
     std::set<int> sizes;
@@ -684,20 +707,29 @@ LabResult Grader::grade(const Rubric& r) {
       const double left = budget_ < 0 ? -1 : budget_ - seconds_since(lab_start);
       auto runs = run_groups(r, binary, here, n, left);
       for (size_t k = 0; k < here.size(); ++k) {
-        if (runs[k].not_implemented)
+        if (runs[k].not_implemented) {
           stopped[here[k]] =
               fmt::format("{} (at n={}: larger world sizes not run)", runs[k].reason, n);
+          unimplemented.insert(here[k]);
+        }
+        // A hang is recognised once: a group that hung at n is not run at larger n, where it
+        // would wait out its watchdog again at every size.
+        if (runs[k].stalled)
+          stopped[here[k]] = fmt::format(
+              "not run after its hang at n={} (a group that hangs is not run at larger world "
+              "sizes): {}",
+              n, first_line(runs[k].reason, 200));
         rows[{here[k], n}] = runs[k];
       }
     }
     if (binary == "test" && lab_stopped.empty()) {
-      size_t public_groups = 0, unimplemented = 0;
+      size_t public_groups = 0, unimplemented_public = 0;
       for (size_t i : selected)
         if (r.tests[i].binary == "test") {
           ++public_groups;
-          unimplemented += stopped.count(i);
+          unimplemented_public += unimplemented.count(i);
         }
-      if (public_groups > 0 && unimplemented == public_groups)
+      if (public_groups > 0 && unimplemented_public == public_groups)
         lab_stopped =
             "not implemented: every public test fails \"not implemented\", so the "
             "hidden tests were not run";
@@ -737,7 +769,7 @@ LabResult Grader::grade(const Rubric& r) {
     lab.reason = "not started (untouched skeleton)";
     lab.not_started = true;
   }
-  if (!lab_stopped.empty() || (!stopped.empty() && stopped.size() == selected.size()))
+  if (!lab_stopped.empty() || (!unimplemented.empty() && unimplemented.size() == selected.size()))
     lab.reason += " (every test \"not implemented\": grading stopped at the smallest world size)";
   // How the verdict was reached, for the table.
   if (!student()) {

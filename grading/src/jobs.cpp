@@ -56,9 +56,16 @@ uint64_t fresh_seed() {
 
 std::string failure_text(const json& failures, size_t max) {
   static const std::regex rank_prefix(R"(^Failed\n\[rank (\d+)/\d+\] )");
+  // The digits of a report's "[rank r/n]" (a rank has at most 6 digits; -1 for anything else).
+  auto rank_number = [](const std::string& digits) {
+    return digits.size() <= 6 ? std::stoi(digits) : -1;
+  };
   std::vector<std::string> order;
   std::map<std::string, std::string> first;               // location -> message
-  std::map<std::string, std::vector<std::string>> ranks;  // location -> other ranks
+  // location -> how many more times each rank failed it (a check in a loop fails once per
+  // iteration: "rank 0 (x117), rank 2", not 117 zeros)
+  std::map<std::string, std::map<int, int>> ranks;
+  std::map<std::string, int> first_rank;  // location -> the rank of the message shown
   for (auto& f : failures) {
     std::string text = plain(f.value("failure", "failed"));
     const size_t nl = text.find('\n');
@@ -74,9 +81,9 @@ std::string failure_text(const json& failures, size_t max) {
     if (!first.count(key)) {
       order.push_back(key);
       first[key] = (where.empty() ? "" : where + "\n") + body;
-      if (rank != "0") ranks[key].push_back(rank);
+      first_rank[key] = rank_number(rank);
     } else {
-      ranks[key].push_back(rank);
+      ++ranks[key][rank_number(rank)];
     }
   }
   std::string out;
@@ -84,12 +91,21 @@ std::string failure_text(const json& failures, size_t max) {
     std::string msg = first[key];
     while (!msg.empty() && msg.back() == '\n') msg.pop_back();
     out += msg;
-    if (!ranks[key].empty()) {
-      std::string list;
-      for (auto& r : ranks[key]) list += (list.empty() ? "" : ", ") + r;
-      out += fmt::format("\n(the same check also failed on rank{} {})",
-                         ranks[key].size() > 1 ? "s" : "", list);
+    std::string list;
+    int times = 0;
+    for (auto& [r, count] : ranks[key]) {
+      list += fmt::format("{}rank {}{}", list.empty() ? "" : ", ", r,
+                          count > 1 ? fmt::format(" (x{})", count) : "");
+      times += count;
     }
+    const std::string more =
+        times ? fmt::format("the same check failed {} more time{}: {}", times, times > 1 ? "s" : "",
+                            list)
+              : "";
+    if (first_rank[key] != 0)
+      out += fmt::format("\n(on rank {}{}{})", first_rank[key], more.empty() ? "" : "; ", more);
+    else if (!more.empty())
+      out += fmt::format("\n({})", more);
     out += "\n";
     if (out.size() > max) {
       out = out.substr(0, max) + "\n... (more in the log)\n";

@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
   }
   std::cout << tab << std::flush;
   // Always write results.json, even when grading itself failed.
-  std::ofstream(opt.json_path) << to_gradescope(results, seconds, shown).dump(2) << "\n";
+  std::ofstream(opt.json_path) << to_gradescope(results, seconds, shown, isolation).dump(2) << "\n";
   std::cerr << "results: " << opt.json_path << "\n";
   return fatal.empty() ? 0 : 2;
 }

@@ -21,8 +21,10 @@ namespace dtl::grade {
 std::string table(const std::vector<LabResult>& labs, const Options& opt,
                   const std::string& isolation, bool for_students);
 
+// `output`: the students' table; `isolation`: how student code ran (the sandbox line), which
+// goes with each lab's verdict to an entry only instructors see.
 nlohmann::json to_gradescope(const std::vector<LabResult>& labs, double seconds,
-                             const std::string& output);
+                             const std::string& output, const std::string& isolation = "");
 
 // The grader's self-test reads back a results.json: totals by kind, text searches, and "hidden
 // stays hidden" (hidden_leaks finds nothing).

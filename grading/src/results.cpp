@@ -11,6 +11,24 @@ std::string first_line(const std::string& s, size_t max) {
   return line;
 }
 
+std::string gist(const std::string& s, size_t max) {
+  // gtest's messages span lines ("Expected equality of these values:\n  a\n    Which is: 3\n
+  // b\n    Which is: 2"): the first line alone says nothing about the values.
+  std::string out;
+  bool space = false;
+  for (char c : s) {
+    if (c == '\n' || c == '\r' || c == '\t' || c == ' ') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out += ' ';
+    space = false;
+    out += c;
+    if (out.size() > max) return out.substr(0, max) + "...";
+  }
+  return out;
+}
+
 std::string signal_death_line(const std::string& output) {
   for (size_t at = output.find("exited on"); at != std::string::npos;
        at = output.find("exited on", at + 1)) {

@@ -19,6 +19,7 @@ struct GroupRun {
   std::string output;            // the failures of this group's tests, each once
   bool not_implemented = false;  // every test that ran failed with "not implemented"
   bool hung = false;             // a test of this group was the one the watchdog stopped
+  bool stalled = false;          // its run hung (watchdog or time limit): larger sizes not run
 };
 
 struct PerfResult {
@@ -44,6 +45,8 @@ struct LabResult {
 
 // The first line of s, at most `max` characters.
 std::string first_line(const std::string& s, size_t max = 200);
+// The whole message on one line (runs of white space made one space), at most `max` characters.
+std::string gist(const std::string& s, size_t max = 300);
 // mpirun's line about a rank that a signal ended ("mpirun noticed that process rank 1 with PID
 // ... exited on signal 11 (Segmentation fault)."), on one line; "" when there is none. OpenMPI 5
 // (prterun) wraps that sentence after "exited on".

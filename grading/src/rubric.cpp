@@ -12,6 +12,15 @@
 
 namespace dtl::grade {
 
+double TestGroup::points_at(int n) const {
+  double sum = 0, mine = 0;
+  for (size_t k = 0; k < world_sizes.size(); ++k) {
+    sum += weights[k];
+    if (world_sizes[k] == n) mine = weights[k];
+  }
+  return sum > 0 ? points * mine / sum : 0.0;
+}
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -45,6 +54,14 @@ static Rubric parse(const fs::path& file) {
           fmt::format("{}: test group '{}': binary must be test or grade", file.string(), g.name));
     g.filter = t.value("filter", "*");
     g.world_sizes = need(t, "world_sizes").get<std::vector<int>>();
+    g.weights = t.value("weights", std::vector<double>(g.world_sizes.size(), 1.0));
+    double weight_sum = 0;
+    for (double w : g.weights) weight_sum += w >= 0 ? w : -1e9;
+    if (g.weights.size() != g.world_sizes.size() || !(weight_sum > 0))
+      throw std::runtime_error(fmt::format(
+          "{}: test group '{}': \"weights\" needs one non-negative number per world size "
+          "({} sizes, {} weights), not all zero",
+          file.string(), g.name, g.world_sizes.size(), g.weights.size()));
     g.points = need(t, "points").get<double>();
     g.visibility = t.value("visibility", "visible");
     g.timeout = t.value("timeout", 0);

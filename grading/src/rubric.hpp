@@ -12,7 +12,12 @@ struct TestGroup {
   std::string binary;  // "test" (public) or "grade" (grading-only)
   std::string filter;  // gtest filter
   std::vector<int> world_sizes;
+  // The share of `points` each world size carries, in the order of world_sizes (default: equal).
+  // A collective is the identity at one rank, where doing nothing passes: its n=1 weighs little.
+  std::vector<double> weights;
   double points = 0;
+  // The points of this group's run at world size n.
+  double points_at(int n) const;
   std::string visibility = "visible";
   int timeout = 0;  // seconds per run; 0 = the grader's default
 };
