@@ -9,7 +9,7 @@
 #   nocompile   the reference plus a pointer to the private -> 0, "does not compile"
 #               Comm::launch taken in a derived class (it would run the built-in collectives
 #               unrecorded, past lab 03's deny list of Comm::all_reduce)
-#   segv        crashes on rank 2                         -> runs with n >= 3 score 0, "crashed"
+#   segv        crashes on rank 1                         -> runs with n >= 2 score 0, "crashed"
 #   deadlock    rank 1 skips ring_all_reduce              -> its runs with n >= 2 score 0, "hang"
 #   slow        correct but 5x slower (clear of the 0.8 bar on a loaded machine) -> correctness, no performance points
 #   partial     wrong for float64 only                    -> partial credit within a run
@@ -37,7 +37,8 @@
 #   localsum    the benchmark's sum computed locally (no communication) -> performance 0
 #   destructor  a static destructor that would crash after the report -> full marks (never runs)
 #   daemon-noaudit  a setsid daemon graded without the audit         -> killed by the grader
-#   lab01       lab 01's reference graded in the lab-03 scratch       -> full marks (reconfigured)
+#   lab01       lab 01's reference, including dtl/runtime.hpp (CLI11's inline code), graded in
+#               the lab-03 scratch                                    -> full marks (reconfigured)
 #   sleepy      sleeps in every call                                 -> stopped by the time budget
 #   flood       prints without end                                   -> stopped by the output cap
 # The trust boundary (grading/README.md, "Trust"): each class of attack that once reached full
@@ -59,8 +60,9 @@
 #                   job (graded with the audit off; a hand-made symbol lookup reaches the call
 #                   unnamed): mpirun ran it with no sandbox      -> nothing written: mpirun's own
 #                   sandbox refuses to execute anything but its programs and the test binary
-#   honest-idioms   lab 03's reference with std::async, std::promise, std::call_once and
-#                   #pragma GCC diagnostic (once rejected: "__cxa_init_primary_exception",
+#   honest-idioms   lab 03's reference with std::async, std::promise, std::call_once,
+#                   std::transform(std::execution::seq), #pragma GCC diagnostic and #pragma
+#                   omp (once rejected: "__cxa_init_primary_exception",
 #                   "uses #pragma")                                           -> full marks
 #   honest-lab17    lab 17's reference with std::ifstream / std::ofstream       -> full marks
 #   honest-lab18    lab 18's reference with std::shared_mutex and timed waits   -> full marks
@@ -103,8 +105,8 @@ wrap() {  # wrap BODY
   echo '}'
   echo '}  // namespace dtl::lab03'
 }
-# Rank 2 dies with SIGSEGV in its first all-reduce.
-wrap '  if (comm.rank() == 2) *static_cast<volatile int*>(nullptr) = 1;
+# Rank 1 dies with SIGSEGV in its first all-reduce.
+wrap '  if (comm.rank() == 1) *static_cast<volatile int*>(nullptr) = 1;
   ring_all_reduce_reference(comm, tensor, op);' >"$out/segv/$f"
 wrap '  if (tensor.scalar_type() == torch::kFloat64) return;  // wrong for one dtype only
   ring_all_reduce_reference(comm, tensor, op);' >"$out/partial/$f"
@@ -253,8 +255,11 @@ static const int selftest_daemon = [] {
 }  // namespace dtl::lab03
 CPP
 } >"$out/daemon-noaudit/$f"
-# lab01: another lab's submission graded in the same scratch build (its lab set must change).
-cp "$root/solutions/01_why_distributed/why_distributed.cpp" "$out/lab01/"
+# lab01: another lab's submission graded in the same scratch build (its lab set must change). It
+# includes dtl/runtime.hpp, where dtl::world() lives (lab 02's handout names it), whose CLI11
+# inline code the audit once read as "defined outside namespace dtl::lab01".
+{ echo '#include "dtl/runtime.hpp"'; cat "$root/solutions/01_why_distributed/why_distributed.cpp"; } \
+  >"$out/lab01/why_distributed.cpp"
 # repcheat: the low-repetition run made the slow one.
 wrap '  static const bool low_run = [] {
     std::ifstream in("/proc/self/cmdline");
@@ -283,7 +288,10 @@ wrap '  static bool tried = false;
   }
   ring_all_reduce_reference(comm, tensor, op);' >"$out/cheat-spawn-noaudit/$f"
 sed -i '1i #include <mpi.h>' "$out/cheat-spawn-noaudit/$f"
-# honest-idioms: the standard library's concurrency idioms and a diagnostic pragma.
+# honest-idioms: the standard library's concurrency idioms, a parallel algorithm, a diagnostic
+# pragma and an OpenMP one (ignored without -fopenmp, and no warning: the build passes
+# -Wno-unknown-pragmas, so it compiles under CI's -Werror too). std::jthread and std::latch are
+# C++20; the labs are C++17.
 wrap '  static std::once_flag once;
   static int calls = 0;
   std::call_once(once, [] { calls = 1; });
@@ -295,8 +303,14 @@ wrap '  static std::once_flag once;
 #pragma GCC diagnostic ignored "-Wunused-variable"
   const int unused = got.get();
 #pragma GCC diagnostic pop
+  int doubled[4] = {1, 2, 3, 4};
+#pragma omp parallel for
+  for (int i = 0; i < 4; ++i) doubled[i] *= 2;
+  std::vector<int> squares(4);
+  std::transform(std::execution::seq, doubled, doubled + 4, squares.begin(), [](int v) { return v * v; });
+  (void)squares;
   ring_all_reduce_reference(comm, tensor, op);' >"$out/honest-idioms/$f"
-sed -i '1i #include <future>\n#include <mutex>' "$out/honest-idioms/$f"
+sed -i '1i #include <algorithm>\n#include <execution>\n#include <future>\n#include <mutex>\n#include <vector>' "$out/honest-idioms/$f"
 # cheat-stream: the driver's input made endless.
 wrap '  static const bool swapped = [] {
     std::error_code ec;
