@@ -16,7 +16,11 @@ endfunction()
 
 add_library(dtl_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
 target_link_libraries(dtl_torch_pch PUBLIC ${TORCH_LIBRARIES})
-target_compile_options(dtl_torch_pch PUBLIC ${TORCH_CXX_FLAGS})
+# MPI's compile options too (an OpenMPI whose wrapper says -pthread, as Debian 11's and many
+# clusters' do): -pthread defines _REENTRANT, and GCC refuses a PCH built without a macro the TU
+# defines ("not used because `_REENTRANT' is defined"), so every TU that links MPI would parse
+# all of torch again. Empty for Debian 12's OpenMPI.
+target_compile_options(dtl_torch_pch PUBLIC ${TORCH_CXX_FLAGS} ${MPI_CXX_COMPILE_OPTIONS})
 target_precompile_headers(dtl_torch_pch PRIVATE <torch/torch.h>)
 dtl_warnings(dtl_torch_pch)
 
@@ -32,7 +36,8 @@ if(CMAKE_BUILD_TYPE MATCHES "^(RelWithDebInfo|Release|MinSizeRel)$")
 endif()
 add_library(dtl_torch_pch_driver STATIC ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
 target_link_libraries(dtl_torch_pch_driver PUBLIC ${TORCH_LIBRARIES})
-target_compile_options(dtl_torch_pch_driver PUBLIC ${TORCH_CXX_FLAGS} PRIVATE ${DTL_DRIVER_OPT})
+target_compile_options(dtl_torch_pch_driver PUBLIC ${TORCH_CXX_FLAGS} ${MPI_CXX_COMPILE_OPTIONS}
+                       PRIVATE ${DTL_DRIVER_OPT})
 target_precompile_headers(dtl_torch_pch_driver PRIVATE <torch/torch.h>)
 dtl_warnings(dtl_torch_pch_driver)
 

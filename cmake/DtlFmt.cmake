@@ -26,13 +26,25 @@ foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
   endif()
 endforeach()
 
-set(_dtl_fmt_whose "LibTorch's")
+set(_dtl_fmt_whose "LibTorch's ")
+# No LibTorch fmt and no usable fmt package: fmt's headers alone, header-only. The kit for older
+# nodes (./lab kit) carries only fmt's headers, since its library would need the newer glibc of
+# the Debian release the headers come from.
+if(NOT DTL_FMT_INCLUDE_DIR AND NOT DTL_TORCH_FMT_DIR AND NOT DTL_FMT STREQUAL "torch")
+  find_package(fmt 8 QUIET)
+  if(NOT fmt_FOUND)
+    find_path(DTL_FMT_HEADERS fmt/format-inl.h DOC "fmt headers used header-only when no fmt package is found")
+    if(DTL_FMT_HEADERS)
+      set(DTL_FMT_INCLUDE_DIR ${DTL_FMT_HEADERS})
+    endif()
+  endif()
+endif()
 if(DTL_FMT_INCLUDE_DIR)
   if(NOT EXISTS ${DTL_FMT_INCLUDE_DIR}/fmt/format.h)
     message(FATAL_ERROR "DTL_FMT_INCLUDE_DIR=${DTL_FMT_INCLUDE_DIR} has no fmt/format.h")
   endif()
   set(DTL_TORCH_FMT_DIR ${DTL_FMT_INCLUDE_DIR})
-  set(_dtl_fmt_whose "the")
+  set(_dtl_fmt_whose "")
 endif()
 if(DTL_FMT_INCLUDE_DIR OR DTL_FMT STREQUAL "torch" OR (DTL_FMT STREQUAL "auto" AND DTL_TORCH_FMT_DIR))
   if(NOT DTL_TORCH_FMT_DIR)
@@ -47,15 +59,25 @@ if(DTL_FMT_INCLUDE_DIR OR DTL_FMT STREQUAL "torch" OR (DTL_FMT STREQUAL "auto" A
   math(EXPR _dtl_fmt_minor "${_dtl_fmt_code} / 100 % 100")
   math(EXPR _dtl_fmt_patch "${_dtl_fmt_code} % 100")
   set(DTL_FMT_VERSION "${_dtl_fmt_major}.${_dtl_fmt_minor}.${_dtl_fmt_patch}")
+  if(_dtl_fmt_major LESS 8)
+    message(FATAL_ERROR "fmt ${DTL_FMT_VERSION} in ${DTL_TORCH_FMT_DIR}: dtl needs fmt 8 or later "
+                        "(fmt::format_string); point DTL_FMT_INCLUDE_DIR at newer fmt headers")
+  endif()
   add_library(fmt::fmt INTERFACE IMPORTED)
   set_target_properties(fmt::fmt PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES ${DTL_TORCH_FMT_DIR}
     INTERFACE_COMPILE_DEFINITIONS FMT_HEADER_ONLY=1)
-  set(DTL_FMT_USED "${_dtl_fmt_whose} fmt ${DTL_FMT_VERSION}, header-only (${DTL_TORCH_FMT_DIR}/fmt)"
+  set(DTL_FMT_USED "${_dtl_fmt_whose}fmt ${DTL_FMT_VERSION}, header-only (${DTL_TORCH_FMT_DIR}/fmt)"
       CACHE INTERNAL "the fmt this build uses")
   message(STATUS "dtl: ${DTL_FMT_USED}")
 else()
-  find_package(fmt REQUIRED)
+  if(NOT fmt_FOUND)
+    find_package(fmt 8 QUIET)
+  endif()
+  if(NOT fmt_FOUND)
+    message(FATAL_ERROR "dtl needs fmt 8 or later: none found (install libfmt-dev, or point "
+                        "DTL_FMT_INCLUDE_DIR at fmt's headers; LibTorch 2.x brings its own)")
+  endif()
   set(DTL_FMT_USED "fmt ${fmt_VERSION} (${fmt_DIR})" CACHE INTERNAL "the fmt this build uses")
   message(STATUS "dtl: ${DTL_FMT_USED}")
 endif()
