@@ -73,8 +73,11 @@ cmd_test() {
     rc=${PIPESTATUS[0]}
     set -e
     if [ -z "$entries" ]; then cat "$log"; return "$rc"; fi
+    # The split run (labNN.split.n2, --solutions) reruns the same tests as the autograder runs
+    # them, and writes no report of its own: ctest's line above is its verdict.
+    local shown; shown=$(tr ' ' '\n' <<<"$entries" | grep -v '\.split\.' || true)
     # shellcheck disable=SC2086
-    "$BUILD/bin/dtl-grade" --reports "$BUILD/test-reports" --log "$log" --summarize $entries || true
+    "$BUILD/bin/dtl-grade" --reports "$BUILD/test-reports" --log "$log" --summarize $shown || true
     return "$rc"
   fi
 }
