@@ -19,6 +19,7 @@
 #include <iostream>
 
 #include "audit.hpp"
+#include "gradebook.hpp"
 #include "grader.hpp"
 #include "intake.hpp"
 #include "options.hpp"
@@ -158,7 +159,18 @@ int main(int argc, char** argv) {
   std::string summary_log;
   app.add_option("--log", summary_log,
                  "with --summarize: the file holding the runs' full output (named in the summary)");
+  std::string gradebook_dir, gradebook_csv, gradebook_summary;
+  app.add_option("--gradebook", gradebook_dir,
+                 "a class's gradings (DIR/<student>/results.json and state): write --csv and "
+                 "--summary for --labs (./lab grade-class)");
+  app.add_option("--csv", gradebook_csv, "with --gradebook: the CSV to write");
+  app.add_option("--summary", gradebook_summary, "with --gradebook: the Markdown summary to write");
   CLI11_PARSE(app, argc, argv);
+
+  if (!gradebook_dir.empty()) {
+    for (auto& l : opt.labs) l = fmt::format("{:02d}", std::stoi(l));
+    return write_gradebook(gradebook_dir, opt.labs, gradebook_csv, gradebook_summary) == 0 ? 0 : 3;
+  }
 
   if (!check_file.empty()) return check_results(check_file, expects);
   if (!no_grade.empty()) {

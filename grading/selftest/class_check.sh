@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# grading/selftest/class_check.sh [--slurm]: ./lab grade-class on a class of five, the way an
+# instructor grades a folder of submissions, locally and (--slurm) through a real one-node Slurm
+# (./lab slurm up; root).
+#
+# The class (lab 03 from grading/selftest/make_submissions.sh, lab 01 from its reference):
+#   ada   the references of labs 01 and 03 (a folder)    -> the references' marks in both
+#   bob   lab 03 wrong for float64 only (a zip)           -> lab 03 between 0 and the reference's
+#   cy    lab 03 crashing on rank 1, lab 01's reference   -> lab 03 below, lab 01 the reference's
+#   dee   lab 03 whose rank 1 never joins (a hang)        -> lab 03 below the reference's, in minutes
+#   eve   lab 03 that does not compile                    -> lab 03: 0
+# (Graded quickly: no performance checks, world sizes 1-2, a hang stopped after 8 s; a
+# performance check skipped still counts in the maximum, so the references' marks are below it.)
+# Checked: the gradebook's rows (a row per student and lab; the scores above, against ada's
+# references; ada and dee as `./lab grade --submission` grades them one by one; each student's
+# rows add up to their results.json), a rerun grades nothing, a changed submission alone is
+# graded again. With --slurm: the same scores through Slurm as locally; a job cancelled mid-run
+# (scancel) and one over its time limit are "not graded" (never 0) and graded on the rerun.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+slurm=0
+[ "${1:-}" = --slurm ] && slurm=1
+work="${DTL_CLASS_CHECK_DIR:-$root/build/class-check}"
+lab="${DTL_LAB:-$root/lab}"
+# Quick gradings: no performance checks, world sizes 1-2, a hang stopped after 8 s.
+opts=(--no-perf --max-world 2 --test-timeout 8)
+fail=0
+check() {  # check DESCRIPTION COMMAND...
+  if "${@:2}"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi
+}
+# The score, max and status of a gradebook row; a lab's sum in a results.json.
+row() { awk -F, -v s="$1" -v l="$2" '$1 == s && $2 == l { print $3 "|" $4 "|" $5; exit }' "$3"; }
+score() { row "$@" | cut -d'|' -f1; }
+graded() { [ "$(row "$@" | cut -d'|' -f3)" = graded ]; }
+lab_sum() {
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print("%g" % round(sum(t.get("score", 0) for t in d["tests"] if t.get("number", "").startswith(sys.argv[2] + ".")), 2))' "$1" "$2"
+}
+cmp_num() { awk -v a="$1" -v b="$2" "BEGIN { exit !(a $3 b) }"; }
+not_graded() { [ "$(row "$1" "$2" "$3")" = "||not graded" ] && grep -q "^$1,$2,,,not graded,.*$4" "$3"; }
+# Each student's rows add up to the total of their results.json.
+sums_agree() {
+  local out=$1 s total json
+  for s in ada bob cy dee eve; do
+    total=$(awk -F, -v s="$s" '$1 == s { t += $3 } END { printf "%.2f", t }' "$out/gradebook.csv")
+    json=$(python3 -c 'import json, sys; print("%.2f" % json.load(open(sys.argv[1]))["score"])' "$out/$s/results.json")
+    [ "$total" = "$json" ] || { echo "  $s: gradebook $total, results.json $json"; return 1; }
+  done
+}
+scores() { cut -d, -f1-4 "$1" | sort; }
+
+rm -rf "$work"; mkdir -p "$work/made" "$work/class"
+bash "$root/grading/selftest/make_submissions.sh" "$work/made" >/dev/null
+mkdir -p "$work/class/ada" "$work/class/cy" "$work/class/dee" "$work/class/eve" "$work/bob"
+cp "$work/made/correct/ring_allreduce.cpp" "$work/class/ada/"
+cp "$root/solutions/01_why_distributed/why_distributed.cpp" "$work/class/ada/"
+cp "$work/made/partial/ring_allreduce.cpp" "$work/bob/"
+(cd "$work/bob" && cmake -E tar cf "$work/class/bob.zip" --format=zip ring_allreduce.cpp)
+cp "$work/made/segv/ring_allreduce.cpp" "$work/class/cy/"
+cp "$root/solutions/01_why_distributed/why_distributed.cpp" "$work/class/cy/"
+cp "$work/made/deadlock/ring_allreduce.cpp" "$work/class/dee/"
+cp "$work/made/nocompile/ring_allreduce.cpp" "$work/class/eve/"
+chmod -R a+rX "$work"
+
+start=$SECONDS
+"$lab" grade-class "$work/class" 01 03 --out "$work/local" -- "${opts[@]}" || true
+local_s=$((SECONDS - start))
+csv="$work/local/gradebook.csv"
+# Two of them graded one by one, as `./lab grade --submission` grades a single submission.
+for s in ada dee; do
+  "$lab" grade 01 03 --submission "$work/class/$s" --json "$work/$s.json" "${opts[@]}" >"$work/$s.log" 2>&1 || true
+done
+full03=$(lab_sum "$work/ada.json" 03) full01=$(lab_sum "$work/ada.json" 01)
+check "a row per student and lab" test "$(tail -n +2 "$csv" | wc -l)" = 10
+check "every submission graded" eval '[ "$(grep -c ",graded," "$csv")" = 10 ]'
+check "the gradebook agrees with gradings one by one (ada, dee)" eval '
+  [ "$(score ada 03 "$csv")" = "$full03" ] && [ "$(score ada 01 "$csv")" = "$full01" ] &&
+  [ "$(score dee 03 "$csv")" = "$(lab_sum "$work/dee.json" 03)" ] && [ "$(score dee 01 "$csv")" = "$(lab_sum "$work/dee.json" 01)" ]'
+check "ada (the references) scores points in both labs" eval 'cmp_num "$full03" 0 ">" && cmp_num "$full01" 0 ">"'
+check "bob (wrong for float64, a zip): lab 03 between 0 and the reference" eval 'cmp_num "$(score bob 03 "$csv")" 0 ">" && cmp_num "$(score bob 03 "$csv")" "$full03" "<"'
+check "cy (crashes on rank 1): lab 03 below the reference, lab 01 the reference's" eval 'cmp_num "$(score cy 03 "$csv")" "$full03" "<" && [ "$(score cy 01 "$csv")" = "$full01" ]'
+check "dee (a rank that never joins): lab 03 below the reference" cmp_num "$(score dee 03 "$csv")" "$full03" "<"
+check "eve (does not compile): lab 03 is 0" eval '[ "$(score eve 03 "$csv")" = 0 ] && graded eve 03 "$csv"'
+check "each student's rows add up to their results.json" sums_agree "$work/local"
+out=$("$lab" grade-class "$work/class" 01 03 --out "$work/local" -- "${opts[@]}" 2>&1 || true)
+check "a rerun grades nothing" grep -q "0 to grade" <<<"$out"
+echo "// changed" >>"$work/class/eve/ring_allreduce.cpp"
+out=$("$lab" grade-class "$work/class" 01 03 --out "$work/local" -- "${opts[@]}" 2>&1 || true)
+check "a changed submission alone is graded again" grep -q "1 to grade" <<<"$out"
+
+if [ "$slurm" = 1 ]; then
+  # A Slurm this check started is stopped at its end; one already running is left as it was.
+  "$lab" slurm status >/dev/null 2>&1 || trap '"$lab" slurm down' EXIT
+  "$lab" slurm up
+  eval "$("$lab" slurm env)"
+  export DTL_CLASS_CPUS="$(nproc)"  # a one-node cluster of this machine's cores
+  start=$SECONDS
+  "$lab" grade-class "$work/class" 01 03 --out "$work/slurm" --slurm -- "${opts[@]}" || true
+  slurm_s=$((SECONDS - start))
+  check "Slurm: the same scores as graded locally" diff <(scores "$csv") <(scores "$work/slurm/gradebook.csv")
+  # One submission, its job cancelled while it grades; then over a 1-minute time limit.
+  mkdir -p "$work/one"; cp -r "$work/class/ada" "$work/one/"
+  "$lab" grade-class "$work/one" 03 --out "$work/cancel" --slurm -- "${opts[@]}" >"$work/cancel.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 120); do
+    squeue -h -t R -n dtl-grade -o %i | grep -q . && break; sleep 1
+  done
+  sleep 10; scancel -n dtl-grade
+  wait "$pid" || true
+  check "a cancelled job: not graded, CANCELLED" not_graded ada 03 "$work/cancel/gradebook.csv" CANCELLED
+  "$lab" grade-class "$work/one" 03 --out "$work/cancel" --slurm -- "${opts[@]}" || true
+  check "... and graded on the rerun" eval '[ "$(score ada 03 "$work/cancel/gradebook.csv")" = "$full03" ]'
+  "$lab" grade-class "$work/one" 03 --out "$work/timeout" --slurm --time 1 -- "${opts[@]}" || true
+  check "over the time limit: not graded, TIMEOUT" not_graded ada 03 "$work/timeout/gradebook.csv" TIMEOUT
+  "$lab" grade-class "$work/one" 03 --out "$work/timeout" --slurm -- "${opts[@]}" || true
+  check "... and graded on the rerun" eval '[ "$(score ada 03 "$work/timeout/gradebook.csv")" = "$full03" ]'
+fi
+echo "class check: local $local_s s${slurm_s:+, Slurm $slurm_s s}: $([ $fail = 0 ] && echo passed || echo FAILED)"
+exit $fail
