@@ -2,6 +2,7 @@
 #include "gradebook.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
