@@ -175,7 +175,7 @@ TEST(GradeRingReduceScatter, PrimeSizesEveryOp) {
         auto input = random_tensor(numel, dtype), before = input.clone(), full = input.clone();
         comm->all_reduce(full, op);
         const auto mine = chunk_range(numel, n, r);
-        auto output = torch::full({mine.size()}, 7, device_options(dtype));
+        auto output = prefilled({mine.size()}, 7, device_options(dtype));
         dtl::lab03::ring_reduce_scatter(*comm, output, input, op);
         EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), op))
             << label(dtype, op, numel);

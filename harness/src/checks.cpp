@@ -1,9 +1,15 @@
 // Tensor comparisons that explain themselves, and cross-rank agreement checks.
 #include "dtl/harness/checks.hpp"
 
+#include <algorithm>
+#include <mutex>
+#include <utility>
+#include <vector>
+
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include "dtl/harness/prefill.hpp"
 #include "dtl/runtime.hpp"
 
 namespace dtl::testing {
@@ -18,6 +24,46 @@ static std::string multi_index(const torch::Tensor& t, int64_t flat) {
   }
   for (size_t i = 0; i < idx.size(); ++i) out += (i ? "," : "") + std::to_string(idx[i]);
   return out + "]";
+}
+
+// The pre-fill values of the running test (prefill.hpp), by test: a value another test
+// pre-filled says nothing about this one's elements.
+static std::mutex g_prefill_mutex;
+static std::vector<std::pair<std::string, double>> g_prefills;
+
+static std::string running_test() {
+  const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  return t ? std::string(t->test_suite_name()) + "." + t->name() : std::string();
+}
+
+torch::Tensor prefilled(at::IntArrayRef sizes, double value, const torch::TensorOptions& options) {
+  {
+    std::lock_guard<std::mutex> lock(g_prefill_mutex);
+    const auto entry = std::make_pair(running_test(), value);
+    if (std::find(g_prefills.begin(), g_prefills.end(), entry) == g_prefills.end())
+      g_prefills.push_back(entry);
+  }
+  return torch::full(sizes, value, options);
+}
+
+// "; k of them still hold the test's pre-fill V: never written", or nothing: `bad` marks the
+// differing elements of the flattened float64 copies `a` (actual) and `e` (expected).
+static std::string unwritten_note(const torch::Tensor& a, const torch::Tensor& e,
+                                  const torch::Tensor& bad) {
+  std::vector<double> values;
+  {
+    std::lock_guard<std::mutex> lock(g_prefill_mutex);
+    const std::string test = running_test();
+    for (auto& [t, v] : g_prefills)
+      if (t == test) values.push_back(v);
+  }
+  std::string note;
+  for (double v : values) {
+    const int64_t k = bad.logical_and(a.eq(v)).logical_and(e.ne(v)).sum().item<int64_t>();
+    if (k > 0)
+      note += fmt::format("; {} of them still hold the test's pre-fill {:g}: never written", k, v);
+  }
+  return note;
 }
 
 static ::testing::AssertionResult same_layout(const torch::Tensor& a, const torch::Tensor& e) {
@@ -58,9 +104,10 @@ static ::testing::AssertionResult close_impl(const torch::Tensor& actual, const 
   int64_t worst = excess.argmax().item<int64_t>();
   return ::testing::AssertionFailure() << fmt::format(
              "{} of {} elements differ (rtol {:g}, atol {:g}); worst at flat index {} {}: "
-             "actual {:.9g}, expected {:.9g}, |diff| {:.3g}",
+             "actual {:.9g}, expected {:.9g}, |diff| {:.3g}{}",
              nbad, a.numel(), rtol, atol, worst, multi_index(actual, worst),
-             a[worst].item<double>(), e[worst].item<double>(), err[worst].item<double>());
+             a[worst].item<double>(), e[worst].item<double>(), err[worst].item<double>(),
+             unwritten_note(a, e, bad));
 }
 
 static ::testing::AssertionResult equal_impl(const torch::Tensor& actual, const torch::Tensor& expected) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "dtl/harness/checks.hpp"
+#include "dtl/harness/prefill.hpp"
 #include "dtl/perf.hpp"
 #include "dtl/runtime.hpp"
 
@@ -30,6 +31,32 @@ TEST(Checks, CloseRejectsShapeDtypeAndNaN) {
   auto nan = torch::full({1}, NAN);
   EXPECT_FALSE(dtl::testing::tensors_close(nan, torch::zeros({1})));
   EXPECT_TRUE(dtl::testing::tensors_close(nan, nan.clone()));
+}
+
+// An element left at the test's pre-fill is named "never written"; a wrong element that was
+// written is not, and another test's pre-fill value says nothing here.
+TEST(Checks, ElementsLeftAtThePrefillAreNeverWritten) {
+  auto out = dtl::testing::prefilled({6}, -1, torch::kFloat32);
+  out.slice(0, 0, 4).copy_(torch::arange(4).to(torch::kFloat32));  // two never written
+  auto expected = torch::arange(6).to(torch::kFloat32);
+  auto r = dtl::testing::tensors_equal(out, expected);
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.message(), HasSubstr("2 of them still hold the test's pre-fill -1: never written"));
+  out.slice(0, 4, 6).fill_(7);  // written, and wrong
+  EXPECT_THAT(dtl::testing::tensors_equal(out, expected).message(),
+              ::testing::Not(HasSubstr("never written")));
+  // An expected -1 is no unwritten element.
+  expected[5] = -1;
+  out = dtl::testing::prefilled({6}, -1, torch::kFloat32);
+  out.slice(0, 0, 5).copy_(expected.slice(0, 0, 5) + 1);
+  EXPECT_THAT(dtl::testing::tensors_close(out, expected).message(), ::testing::Not(HasSubstr("never written")));
+}
+
+TEST(Checks, AnotherTestsPrefillSaysNothing) {
+  auto out = torch::full({3}, -1.0f);  // not prefilled() here: -1 is just a wrong value
+  auto r = dtl::testing::tensors_equal(out, torch::zeros({3}));
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.message(), ::testing::Not(HasSubstr("never written")));
 }
 
 TEST(Checks, EqualIsBitwise) {

@@ -111,7 +111,7 @@ TEST(RingReduceScatter, MatchesBuiltinOnEqualChunks) {
         auto before = input.clone();
         auto expected = torch::empty({chunk}, device_options(dtype));
         comm->reduce_scatter(expected, input, op);
-        auto output = torch::full({chunk}, -1, device_options(dtype));
+        auto output = prefilled({chunk}, -1, device_options(dtype));
         dtl::lab03::ring_reduce_scatter(*comm, output, input, op);
         EXPECT_TRUE(reduced_equal(output, expected, op)) << label(dtype, op, chunk * n);
         DTL_EXPECT_EQUAL(input, before)
@@ -128,7 +128,7 @@ TEST(RingReduceScatter, UnevenSizesFollowTheChunkLayout) {
       auto full = input.clone();
       comm->all_reduce(full);
       const auto mine = chunk_range(numel, n, r);
-      auto output = torch::full({mine.size()}, -1, device_options(dtype));
+      auto output = prefilled({mine.size()}, -1, device_options(dtype));
       dtl::lab03::ring_reduce_scatter(*comm, output, input);
       EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Sum))
           << label(dtype, ReduceOp::Sum, numel) << ": rank " << r << " must hold elements ["
@@ -163,7 +163,7 @@ TEST(RingReduceScatter, SendsEveryChunkButItsOwnToOneNeighbour) {
   comm->all_reduce(full);
   comm->reset_stats();  // count only what the ring sends
   const auto mine = chunk_range(numel, n, r);
-  auto output = torch::full({mine.size()}, -1.0f, device_options());
+  auto output = prefilled({mine.size()}, -1, device_options());
   dtl::lab03::ring_reduce_scatter(*comm, output, input);
   EXPECT_TRUE(reduced_equal(output, full.slice(0, mine.begin, mine.end), ReduceOp::Sum));
   const auto s = MEASURED(comm->stats());
@@ -185,7 +185,7 @@ TEST(RingAllGather, MatchesBuiltinOnEqualChunks) {
       auto input = random_tensor(chunk, dtype);
       auto expected = torch::empty({chunk * n}, device_options(dtype));
       comm->all_gather(expected, input);
-      auto output = torch::full({chunk * n}, -1, device_options(dtype));
+      auto output = prefilled({chunk * n}, -1, device_options(dtype));
       dtl::lab03::ring_all_gather(*comm, output, input);
       DTL_EXPECT_EQUAL(output, expected) << label(dtype, ReduceOp::Sum, chunk * n);
     }
@@ -200,7 +200,7 @@ TEST(RingAllGather, UnevenChunksReassembleTheWhole) {
       auto whole = dtl::testing::serial(42 + numel, [&] { return random_tensor(numel, dtype); });
       const auto mine = chunk_range(numel, n, r);
       auto input = whole.slice(0, mine.begin, mine.end).clone();
-      auto output = torch::full({numel}, -1, device_options(dtype));
+      auto output = prefilled({numel}, -1, device_options(dtype));
       dtl::lab03::ring_all_gather(*comm, output, input);
       DTL_EXPECT_EQUAL(output, whole) << c10::toString(dtype) << " numel " << numel;
     }
@@ -212,7 +212,7 @@ TEST(RingAllGather, InputMayBeItsOwnSliceOfTheOutput) {
   const int64_t numel = 4 * n + 3;
   auto whole = dtl::testing::serial(7, [&] { return torch::randn({numel}); });
   const auto mine = chunk_range(numel, n, r);
-  auto output = torch::full({numel}, -1.0f, device_options());
+  auto output = prefilled({numel}, -1, device_options());
   output.slice(0, mine.begin, mine.end).copy_(whole.slice(0, mine.begin, mine.end));
   dtl::lab03::ring_all_gather(*comm, output, output.slice(0, mine.begin, mine.end));
   DTL_EXPECT_EQUAL(output, whole);
@@ -224,7 +224,7 @@ TEST(RingAllGather, ForwardsEveryChunkButOneToOneNeighbour) {
   const int64_t numel = 1001;
   auto whole = dtl::testing::serial(11, [&] { return random_tensor(numel, torch::kFloat32); });
   const auto mine = chunk_range(numel, n, r);
-  auto output = torch::full({numel}, -1.0f, device_options());
+  auto output = prefilled({numel}, -1, device_options());
   dtl::lab03::ring_all_gather(*comm, output, whole.slice(0, mine.begin, mine.end).clone());
   DTL_EXPECT_EQUAL(output, whole);
   const auto s = MEASURED(comm->stats());

@@ -14,6 +14,7 @@
 #include "dtl/comm.hpp"
 #include "dtl/error.hpp"
 #include "dtl/harness/checks.hpp"
+#include "dtl/harness/prefill.hpp"
 #include "dtl/runtime.hpp"
 #include "ring_allreduce.hpp"
 
@@ -26,6 +27,7 @@ using dtl::ReduceOp;
 using dtl::testing::device;          // the Runtime's device
 using dtl::testing::device_options;  // dtype + the Runtime's device
 using dtl::testing::fresh_comm;      // a dup of the world per test
+using dtl::testing::prefilled;       // an output buffer whose unwritten elements are named
 
 // This rank's random contribution (torch's RNG is seeded with seed + rank, so ranks differ).
 // Integers span a wide range, yet every sum over 5 ranks stays exact (no overflow); 16-bit
