@@ -62,6 +62,9 @@ TEST(GradeShard, TheReaderRefusesWhatSafetensorsRefuses) {
   // Valid: two F32 tensors tiling 16 bytes, listed in any order.
   spit(path, file_with("{" + entry("b", "F32", "[2]", 8, 16) + "," + entry("a", "F32", "[2]", 0, 8) + "}", data));
   ASSERT_EQ(OBSERVE(read_shard_header(path).tensors.size()), 2u);
+  // Valid too: JSON whitespace before the object (the real reader skips it).
+  spit(path, file_with(" \n{" + entry("a", "F32", "[4]", 0, 16) + "}", data));
+  EXPECT_EQ(OBSERVE(read_shard_header(path).tensors.size()), 1u) << "whitespace before the object";
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"a hole between the ranges", "{" + entry("a", "F32", "[1]", 0, 4) + "," + entry("b", "F32", "[2]", 8, 16) + "}"},
       {"overlapping ranges", "{" + entry("a", "F32", "[3]", 0, 12) + "," + entry("b", "F32", "[2]", 8, 16) + "}"},
@@ -71,6 +74,10 @@ TEST(GradeShard, TheReaderRefusesWhatSafetensorsRefuses) {
       {"a range shorter than shape x dtype", "{" + entry("a", "F64", "[3]", 0, 16) + "}"},
       {"an unknown dtype", "{" + entry("a", "F33", "[4]", 0, 16) + "}"},
       {"no shape", R"({"a":{"dtype":"F32","data_offsets":[0,16]}})"},
+      {"a shape entry that is not an integer", "{" + entry("a", "F32", "[4.0]", 0, 16) + "}"},
+      {"a negative shape entry", "{" + entry("a", "F32", "[-4]", 0, 16) + "}"},
+      {"three data_offsets", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16,16]}})"},
+      {"a data_offset that is not an integer", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16.0]}})"},
   };
   for (const auto& [what, header] : bad) {
     spit(path, file_with(header, data));

@@ -172,8 +172,10 @@ struct ShardHeader {
 };
 // Reads only the header of a shard file. Raises dtl::Error naming the path when the file is
 // missing ("missing"), shorter than its header says ("truncated") or its header is not valid
-// ("header"): not a JSON object followed only by spaces (a NUL byte in it included); an entry
-// without "dtype", "shape" or "data_offsets", or with a dtype safetensors_dtype does not know;
+// ("header"): not a JSON object with only JSON whitespace around it (spaces, tabs, newlines:
+// a NUL byte is none); an entry without "dtype", "shape" or "data_offsets", with a dtype
+// safetensors_dtype does not know, a shape that is not a list of non-negative integers ([2.0]
+// is not) or data_offsets that are not exactly two non-negative integers;
 // begin > end or end - begin != numel(shape) x the dtype's size; ranges that, sorted by begin,
 // leave a hole or overlap; a file longer than data_start + the last range's end (trailing
 // bytes). Exactly what the real safetensors reader refuses.

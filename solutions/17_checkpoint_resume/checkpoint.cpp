@@ -165,8 +165,10 @@ ShardHeader read_shard_header(const std::string& path) {
   read_bytes(path, 8, text);
   const std::string header(static_cast<const char*>(text.data_ptr()), n);
   // A NUL is no JSON whitespace: the real reader (serde_json) and Python's json refuse it, while
-  // a parser reading C strings would stop there and accept the file.
-  DTL_CHECK(header.find('\0') == std::string::npos && !header.empty() && header.front() == '{',
+  // a parser reading C strings would stop there and accept the file. JSON's own whitespace
+  // around the object is fine: the real reader skips it, before the object as after.
+  const size_t open = header.find_first_not_of(" \t\n\r");
+  DTL_CHECK(header.find('\0') == std::string::npos && open != std::string::npos && header[open] == '{',
             fmt::format("read_shard_header: {}: the header is not a JSON object padded with spaces", path));
   json j = json::parse(header, nullptr, false);
   DTL_CHECK(j.is_object(), fmt::format("read_shard_header: {}: the header is not valid JSON", path));
@@ -181,15 +183,24 @@ ShardHeader read_shard_header(const std::string& path) {
       }
       HeaderEntry e;
       e.dtype = v.at("dtype").get<std::string>();
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      e.begin = v.at("data_offsets").at(0).get<int64_t>();
-      e.end = v.at("data_offsets").at(1).get<int64_t>();
+      // The real reader's types are Vec<usize> and (usize, usize): JSON integers, not negative,
+      // and exactly two offsets. nlohmann's get<int64_t> would take 2.0 as 2 and a third offset
+      // would go unread, so both are checked here.
+      const json& shape = v.at("shape");
+      const json& offsets = v.at("data_offsets");
+      DTL_CHECK(shape.is_array() && std::all_of(shape.begin(), shape.end(),
+                                                [](const json& d) { return d.is_number_unsigned(); }),
+                fmt::format("read_shard_header: {}: invalid header: tensor '{}' has the shape {}, not "
+                            "a list of non-negative integers", path, name, shape.dump()));
+      DTL_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                    offsets[1].is_number_unsigned(),
+                fmt::format("read_shard_header: {}: invalid header: tensor '{}' has the data_offsets "
+                            "{}, not two non-negative integers", path, name, offsets.dump()));
+      e.shape = shape.get<std::vector<int64_t>>();
+      e.begin = offsets[0].get<int64_t>();
+      e.end = offsets[1].get<int64_t>();
       int64_t numel = 1;
-      for (int64_t d : e.shape) {
-        DTL_CHECK(d >= 0, fmt::format("read_shard_header: {}: invalid header: tensor '{}' has a "
-                                      "negative dimension", path, name));
-        numel *= d;
-      }
+      for (int64_t d : e.shape) numel *= d;
       int64_t esize = 0;
       try {
         esize = static_cast<int64_t>(c10::elementSize(dtype_from_safetensors(e.dtype)));
