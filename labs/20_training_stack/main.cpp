@@ -90,32 +90,43 @@ void published(const CostModel& base) {
   const double mfu = constant_mfu(calibrated);
   dtl::print0("{:<22} {:>21} {:>6} {:>9} {:>11} {:>11} {:>7} {:>9} {:>8}", "run", "cluster",
               "batch", "published", "tokens/s", "predicted", "error", "baseline", "GiB/GPU");
-  std::vector<double> planner, baseline;
+  // The held-out rows, split: those whose layout the model prices (the summary the text quotes)
+  // and those outside it (ZeRO-3 of 2021: printed, and summarised apart).
+  std::vector<double> planner, baseline, planner_out, baseline_out;
   for (const auto& run : published_runs()) {
     const Estimate e = estimate(model_by_name(run.model), cluster(run.cluster), run.plan,
                                 run.global_batch, cost_for(run, base));
     const double pub = published_tokens_per_s(run);
     const double base_err = baseline_tokens_per_s(run, mfu) / pub - 1;
     const bool cal = std::count(calibrated.begin(), calibrated.end(), run.name) > 0;
+    const bool outside = !run.outside_model.empty();
     if (!cal) {
-      planner.push_back(std::abs(e.tokens_per_s / pub - 1));
-      baseline.push_back(std::abs(base_err));
+      (outside ? planner_out : planner).push_back(std::abs(e.tokens_per_s / pub - 1));
+      (outside ? baseline_out : baseline).push_back(std::abs(base_err));
     }
-    dtl::print0("{:<22} {:>21} {:>6} {:>5.0f} TF/s {:>11.0f} {:>11.0f} {:>+6.1f}% {:>+8.1f}% {:>8.1f}{}",
+    dtl::print0("{:<22} {:>21} {:>6} {:>5.0f} TF/s {:>11.0f} {:>11.0f} {:>+6.1f}% {:>+8.1f}% {:>8.1f}{}{}",
                 run.name, run.cluster, run.global_batch, run.tflops_per_gpu, pub, e.tokens_per_s,
                 100 * (e.tokens_per_s / pub - 1), 100 * base_err, e.memory_gb_per_gpu,
-                cal ? "  calibrated" : (e.fits ? "" : "  (over the usable memory)"));
+                cal ? "  calibrated" : (outside ? "  (outside the model)" : ""),
+                e.fits ? "" : "  (over the usable memory)");
   }
   auto mean = [](const std::vector<double>& v) {
     double s = 0;
     for (double x : v) s += x;
     return v.empty() ? 0.0 : s / static_cast<double>(v.size());
   };
-  dtl::print0("\nheld out ({} rows, none of them calibrated): the planner's mean |error| {:.1f}% "
-              "(max {:.1f}%); a constant {:.1f}% MFU (the calibration rows' mean) {:.1f}% (max "
-              "{:.1f}%)", planner.size(), 100 * mean(planner),
-              100 * *std::max_element(planner.begin(), planner.end()), 100 * mfu,
-              100 * mean(baseline), 100 * *std::max_element(baseline.begin(), baseline.end()));
+  auto most = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  };
+  dtl::print0("\nheld out, within the model ({} rows, none of them calibrated): the planner's mean "
+              "|error| {:.1f}% (max {:.1f}%); a constant {:.1f}% MFU (the calibration rows' mean) "
+              "{:.1f}% (max {:.1f}%)", planner.size(), 100 * mean(planner), 100 * most(planner),
+              100 * mfu, 100 * mean(baseline), 100 * most(baseline));
+  if (!planner_out.empty())
+    dtl::print0("outside the model ({} rows: PublishedRun::outside_model says why): the planner "
+                "{:.1f}% (max {:.1f}%), the constant {:.1f}% (max {:.1f}%)", planner_out.size(),
+                100 * mean(planner_out), 100 * most(planner_out), 100 * mean(baseline_out),
+                100 * most(baseline_out));
   dtl::print0("\npublished rankings (tokens/s per GPU predicted, best first as published):");
   for (const auto& r : published_rankings()) {
     std::string line;
