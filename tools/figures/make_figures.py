@@ -28,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 # {out} the figures directory, {demo} the demo's command as a user would type it.
 RECIPES = {
     "03": (4, ["--json", "{data}/lab03.json"],
-           [["busbw.py", "ring", "{data}/lab03.json", "{out}/03-busbw.svg"]]),
+           [["busbw.py", "ring", "{data}/lab03.json", "{out}/03-busbw.svg"],
+            ["ring.py", "{out}/03-ring-allreduce.svg"]]),
     "04": (4, ["--net", "pcie", "--trace", "{data}/lab04-trace.json", "--steps", "3"],
            [["timeline.py", "ddp", "{data}/lab04-trace.json", "{out}/04-ddp-timeline.svg",
              "--steps", "3"]]),
