@@ -13,6 +13,9 @@ in the site too. What this script adds:
   - a link check before mkdocs runs: a relative link or image in any page that does not name a
     file of the site fails the build, naming the page and the link (mkdocs itself only warns
     about Markdown pages, and not at all about images);
+  - a citation check: a paper cited under "Further reading", "Sources" or "References" in a note
+    or handout (an item with an italic title and a year, or with "et al.") without an http link
+    fails the build, naming the file and line; <!-- no link: reason --> exempts an item;
   - mkdocs build --strict with the Material theme (Debian's mkdocs and mkdocs-material), no web
     fonts (the site works offline and on any static host).
 
@@ -105,6 +108,54 @@ def check_links(root, site_files):
             hint = ("it exists in the repository: link a handout or note, or an absolute URL"
                     if (root / path).exists() else "no such file")
             problems.append(f"{page}: {where} in the site: {target} ({hint})")
+    return problems
+
+
+# ---------------------------------------------------------------- citations
+
+READING = re.compile(r"^## .*\b(Further reading|Sources|References)\b", re.I)
+ITALIC = re.compile(r"(?<![*\w])\*[^*\s][^*]*\*(?![*\w])")
+YEAR = re.compile(r"\b(19|20)\d\d\b")
+NO_LINK = "<!-- no link:"
+
+
+def reading_items(text):
+    """(line number, text) of each bullet or paragraph under a "Further reading", "Sources" or
+    "References" heading (## level) of a page."""
+    out, insec, item, start = [], False, [], 0
+    lines = text.splitlines()
+    for n, line in enumerate(lines + [""], 1):
+        new_bullet = line.startswith(("- ", "* ")) and insec
+        if not line.strip() or line.startswith("#") or new_bullet:
+            if item:
+                out.append((start, " ".join(item)))
+            item = []
+        if line.startswith("## "):
+            insec = bool(READING.match(line))
+            continue
+        if insec and line.strip() and not line.startswith("#"):
+            if not item:
+                start = n
+            item.append(line.strip())
+    return out
+
+
+def check_citations(root, site_files):
+    """Every paper cited in a note's or handout's reading section carries a link. A paper is an
+    item with an italic title and a year, or with "et al."; software and documentation items
+    (no year) are exempt, and so is an item marked <!-- no link: reason -->. Returns the
+    problems."""
+    problems = []
+    for page in sorted(site_files):
+        if not re.match(r"^(notes/[^/]+\.md|labs/[^/]+/README\.md)$", page):
+            continue
+        for n, item in reading_items((root / page).read_text()):
+            cites = (ITALIC.search(item) and YEAR.search(item)) or "et al." in item
+            if cites and "http" not in item and NO_LINK not in item:
+                problems.append(
+                    f"{page}:{n}: cites a paper but carries no link: {item[:70]}... "
+                    f"(link the title: *[Title](https://arxiv.org/abs/ID)* or "
+                    f"https://doi.org/DOI; or mark the item {NO_LINK} reason -->)")
     return problems
 
 
@@ -211,6 +262,10 @@ def main():
     problems = check_links(root, site_files)
     if problems:
         print("site: broken links:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    problems = check_citations(root, site_files)
+    if problems:
+        print("site: unlinked citations:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 1
 
     shutil.rmtree(stage, ignore_errors=True)
