@@ -74,15 +74,16 @@ expect() {
 # ---- the cases: case_NAME grades one submission (or a few that belong together) and checks it.
 
 case_correct() {
-  grade correct --perf-rounds 2
+  grade correct  # the grader's default rounds (3): an honest submission is timed as in production
   expect correct "score == max"
   # Honest standard-library code (threads, shared mutexes, timed waits, fstreams) is part of it:
   # full marks, and the file I/O appears in the integrity report only.
   expect correct "output contains 'does file I/O'"
   expect correct "output contains 'ignored (not in the allow-list): grader_hack.cpp notes.txt'"
 }
-# One interleaved round each for the clear-cut performance cases (0.3x, a wrong result); the
-# honest submission gets two, so noise cannot push it under the 0.8 threshold. Performance counts
+# One interleaved round each for the clear-cut performance cases (0.3x, a wrong result: a ratio
+# over the bar still takes a second); the honest submission gets the default three, whose median
+# noise does not push under the 0.8 threshold (two once read 0.77x on a quiet 2-core machine). Performance counts
 # only when every test passes: at one rank the tests cost least.
 case_slow() {
   MAX_WORLD=1 grade slow --perf-rounds 1
