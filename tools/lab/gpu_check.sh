@@ -1,6 +1,26 @@
 # Sourced by ./lab (which provides say, die, clock, build, configure, mpi_env, ROOT, BUILD and the
 # rest of its helpers): ./lab gpu-check, the first run on a GPU machine.
 
+# GPUs this process may use: CUDA_VISIBLE_DEVICES when set (CUDA stops at its first invalid
+# entry, so "", "-1" or "none" hide every GPU), bounded by what nvidia-smi lists; else nvidia-smi.
+gpu_count() {
+  local listed="" n=0 d ids=()
+  command -v nvidia-smi >/dev/null && listed=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ -z "${CUDA_VISIBLE_DEVICES+set}" ]; then echo "${listed:-0}"; return; fi
+  IFS=',' read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
+  for d in "${ids[@]}"; do
+    d="${d// /}"
+    if [[ "$d" =~ ^[0-9]+$ ]]; then
+      [ -z "$listed" ] || [ "$d" -lt "$listed" ] || break
+    elif [[ ! "$d" =~ ^(GPU|MIG)- ]]; then
+      break
+    fi
+    n=$((n + 1))
+  done
+  [ -n "$listed" ] && [ "$n" -gt "$listed" ] && n=$listed
+  echo "$n"
+}
+
 # ---------------------------------------------------------------- GPU smoke test
 
 # The first run on a GPU machine: every GPU-only behaviour of the NCCL backend (notes/gpu.md).

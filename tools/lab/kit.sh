@@ -279,3 +279,19 @@ kit_as_node_user() {
 
 # The kit, when this checkout has one (build/kit, or DTL_KIT): its environment, and LibTorch from
 # the Python that imports torch unless DTL_CMAKE_ARGS names one.
+use_kit() {
+  local kit="${DTL_KIT:-$ROOT/build/kit}"
+  [ -f "$kit/env.sh" ] || return 0
+  # shellcheck disable=SC1091
+  . "$kit/env.sh"
+  kit_glibc_ok
+  if [[ "${DTL_CMAKE_ARGS:-}" != *Torch_DIR* ]]; then
+    local py prefix
+    for py in ${DTL_PYTHON:-} python3 python; do
+      prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) && break
+    done
+    [ -n "$prefix" ] && [ -d "$prefix/Torch" ] ||
+      die "kit: no LibTorch: no Python here imports torch (tried ${DTL_PYTHON:+$DTL_PYTHON, }python3, python); pip install torch, or set DTL_CMAKE_ARGS=-DTorch_DIR=/path/to/libtorch/share/cmake/Torch"
+    export DTL_CMAKE_ARGS="${DTL_CMAKE_ARGS:-} -DTorch_DIR=$prefix/Torch"
+  fi
+}

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # ./lab test: the whole suite as CI runs it, or one lab's tests with a summary. Sourced by ./lab
-# (its helpers: build, mpi_env, say, die, norm, lab_dir, gpu_count, BUILD, JOBS, GPU).
+# (its helpers: build, mpi_env, say, die, norm, lab_dir, BUILD, JOBS, GPU; gpu_count from
+# gpu_check.sh).
 
 cmd_test() {
   local labs=() side=student regex=() leave_out=""
