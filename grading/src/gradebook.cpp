@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "dtl/harness/untrusted_file.hpp"
+#include "results.hpp"  // first_line
 
 namespace dtl::grade {
 namespace {
@@ -37,12 +38,6 @@ std::map<std::string, std::string> read_state(const fs::path& file) {
     if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
   }
   return kv;
-}
-
-std::string first_line(const std::string& text) {
-  std::string line = text.substr(0, text.find('\n'));
-  line.erase(0, line.find_first_not_of(" \t"));
-  return line.size() > 200 ? line.substr(0, 197) + "..." : line;
 }
 
 // RFC 4180: quote every field that needs it, double the quotes inside.
