@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2317,SC2034  # helpers and values used inside the eval'd checks below
 # grading/selftest/class_check.sh [--slurm]: ./lab grade-class on a class of five, the way an
 # instructor grades a folder of submissions, locally and (--slurm) through a real one-node Slurm
 # (./lab slurm up; root).
@@ -94,7 +95,8 @@ if [ "$slurm" = 1 ]; then
   "$lab" slurm status >/dev/null 2>&1 || trap '"$lab" slurm down' EXIT
   "$lab" slurm up
   eval "$("$lab" slurm env)"
-  export DTL_CLASS_CPUS="$(nproc)"  # a one-node cluster of this machine's cores
+  DTL_CLASS_CPUS="$(nproc)"  # a one-node cluster of this machine's cores
+  export DTL_CLASS_CPUS
   start=$SECONDS
   "$lab" grade-class "$work/class" 01 03 --out "$work/slurm" --slurm -- "${opts[@]}" || true
   slurm_s=$((SECONDS - start))

@@ -101,7 +101,7 @@ class_check() {
 # A student's key is the hash of their files, the labs and the grading options: a rerun grades
 # those whose key changed or whose last grading did not end in "status=graded".
 class_intake() {
-  local dir=$1 out=$2 regrade=$3 labs=$4 opts=$5 entry student src key tmp
+  local dir=$1 out=$2 regrade=$3 lab_list=$4 opts=$5 entry student src key tmp
   local -A email=()
   if [ -f "$dir/submission_metadata.yml" ]; then
     # Gradescope's export: "submission_123:" then ":submitters:" with ":email: ..." entries.
@@ -131,7 +131,7 @@ class_intake() {
     if [ "$(ls -A "$tmp" | wc -l)" = 1 ] && [ -d "$tmp/$(ls -A "$tmp")" ] && [ ! -f "$tmp/$(ls -A "$tmp")/lab" ]; then
       src="$tmp/$(ls -A "$tmp")"
     fi
-    key=$( (cd "$src" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum; echo "$labs|$opts") | sha256sum | cut -c1-16)
+    key=$( (cd "$src" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum; echo "$lab_list|$opts") | sha256sum | cut -c1-16)
     if [ "$regrade" = 0 ] && grep -qx "status=graded" "$out/$student/state" 2>/dev/null &&
        grep -qx "key=$key" "$out/$student/state"; then
       rm -rf "$tmp"; continue
@@ -200,8 +200,8 @@ class_reference_times() {
 # The local pool: JOBS gradings side by side (default: a quarter of the cores, each grading runs
 # up to 4 ranks), each student's output in OUT/<student>/log.
 class_locally() {
-  local out=$1 labs=$2 jobs=$3; shift 3
-  local students=() s k=0 running=0
+  local out=$1 lab_list=$2 jobs=$3; shift 3
+  local students=() s k=0
   while [ $# -gt 0 ] && [ "$1" != -- ]; do students+=("$1"); shift; done
   [ "${1:-}" = -- ] && shift
   say "grade-class: grading ${#students[@]} submission(s) here, $jobs at a time"
@@ -210,7 +210,7 @@ class_locally() {
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
     say "  [$k/${#students[@]}] $s"
     # shellcheck disable=SC2086
-    class_grade_one "$out/$s" $labs -- "$@" &
+    class_grade_one "$out/$s" $lab_list -- "$@" &
   done
   wait || true
 }
@@ -218,7 +218,7 @@ class_locally() {
 # Slurm: one array task per student (sbatch --array, --wait: slurm/grade-class.sbatch), then each
 # task's end as Slurm saw it for the students whose grading did not finish.
 class_on_slurm() {
-  local out=$1 labs=$2 partition=$3 time_limit=$4 account=$5 gpus=$6 max_parallel=$7; shift 7
+  local out=$1 lab_list=$2 partition=$3 time_limit=$4 account=$5 gpus=$6 max_parallel=$7; shift 7
   local students=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do students+=("$1"); shift; done
   [ "${1:-}" = -- ] && shift
@@ -238,7 +238,7 @@ class_on_slurm() {
   # scripts share; sbatch runs from the checkout, where the tasks start.
   local task=(slurm/grade-class.sbatch "$list" "$out")
   # shellcheck disable=SC2206
-  task+=($labs -- "$@")
+  task+=($lab_list -- "$@")
   say "grade-class: sbatch ${args[*]} ${task[*]} (${#students[@]} task(s))"
   jobid=$(cd "$ROOT" && sbatch "${args[@]}" "${task[@]}" 2>"$run/sbatch.err" | tail -1) || true
   jobid=${jobid%%;*}

@@ -28,7 +28,7 @@ GPUB_STANDINS=/usr/local/lib/dtl-stand-ins   # inside the root
 GPUB_FMT=/opt/fmt11                           # inside the root: fmt 11's headers under usr/include
 
 cmd_gpu_build() {
-  local all=0 shell=() a
+  local all=0 shell=()
   while [ $# -gt 0 ]; do
     case "$1" in
       --all) all=1 ;;

@@ -27,6 +27,7 @@ gpu_count() {
 cmd_gpu_check() {
   local n; n=$(gpu_count)
   [ "$n" -gt 0 ] || die "gpu-check: no GPU visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}; nvidia-smi -L lists none); nothing to check"
+  # shellcheck disable=SC2034  # GPU: read by configure (./lab)
   GPU=1; BUILD="$ROOT/build-gpu"
   export DTL_CMAKE_ARGS="${DTL_CMAKE_ARGS:-} -DDTL_REQUIRE_GPU=ON"
   [ -f "$BUILD/build.ninja" ] && cmake "$BUILD" -DDTL_REQUIRE_GPU=ON >/dev/null

@@ -44,7 +44,7 @@ cmd_grade() {
 
   configure
   local rubric_list; rubric_list=$(grader --source "$ROOT" --list)
-  [ ${#labs[@]} -gt 0 ] || labs=($(awk '{print $1}' <<<"$rubric_list"))
+  [ ${#labs[@]} -gt 0 ] || read -ra labs <<<"$(awk '{print $1}' <<<"$rubric_list" | tr '\n' ' ')"
   [ ${#labs[@]} -gt 0 ] || die "grade: no lab has a rubric yet"
   local logs="$BUILD/grade-logs"; mkdir -p "$logs"
   local known; known=$(ninja -C "$BUILD" -t targets all 2>/dev/null | sed 's/:.*//')

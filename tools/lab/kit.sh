@@ -202,7 +202,7 @@ kit_probe() {
 kit_check() {
   [ "$(id -u)" -eq 0 ] || die "kit --check: needs root (chroots)"
   local archive="$ROOT/build/dtl-kit.tar.gz" which="${DTL_KIT_CHECK:-old full}" rc=0 start
-  [ -f "$archive" ] || cmd_kit
+  [ -f "$archive" ] || cmd_kit ""
   if [[ " $which " == *" old "* ]]; then
     start=$SECONDS
     kit_node_root "$ROOT/build-kitnode11" bullseye "g++,cmake,ninja-build,python3"

@@ -5,20 +5,20 @@
 
 # expand_labs "01-03,05" -> "01 02 03 05"
 expand_labs() {
-  local part a b k out=() parts=()
+  local part a b k found=() parts=()
   IFS=',' read -ra parts <<<"$1"
   for part in "${parts[@]}"; do
     part=${part// /}
     if [[ "$part" =~ ^([0-9]+)-([0-9]+)$ ]]; then
       a=$((10#${BASH_REMATCH[1]})); b=$((10#${BASH_REMATCH[2]}))
-      for ((k = a; k <= b; k++)); do out+=("$(printf '%02d' "$k")"); done
+      for ((k = a; k <= b; k++)); do found+=("$(printf '%02d' "$k")"); done
     elif [[ "$part" =~ ^[0-9]+$ ]]; then
-      out+=("$(norm "$part")")
+      found+=("$(norm "$part")")
     elif [ -n "$part" ]; then
       die "not a lab list: '$1' (e.g. 01-07 or 01,03,05)"
     fi
   done
-  echo "${out[@]:-}"
+  echo "${found[@]:-}"
 }
 
 # lab_deps TREE NN: the labs whose reference lab NN builds on (DEPENDS dtl_labMM_reference in
@@ -309,7 +309,7 @@ cmd_gradescope_zip() {
   fi
   cp "$stage/grading/gradescope/setup.sh" "$stage/grading/gradescope/run_autograder" "$stage/"
   rm -f "$out"
-  (cd "$stage" && cmake -E tar cf "$out" --format=zip -- $(ls -A))
+  (cd "$stage" && find . -mindepth 1 -maxdepth 1 -printf '%P\0' | xargs -0 cmake -E tar cf "$out" --format=zip --)
   say "wrote $out"
   printf '  grades:    %s\n' "$what" >&2
   printf '  from:      course commit %s\n' "$(describe_commit "$commit")" >&2

@@ -60,7 +60,7 @@ cmd_test() {
     # The runs' full output (every rank's failures, ctest's dump of each failing run) goes to a
     # log; the terminal gets one line per run, then the summary: each test by world size, and
     # each failing test's first failure, once.
-    local log="$BUILD/test-logs/lab$(IFS=-; echo "${labs[*]}").$side.log"
+    local log; log="$BUILD/test-logs/lab$(IFS=-; echo "${labs[*]}").$side.log"
     mkdir -p "$BUILD/test-logs"
     say "testing the ${side} build of lab(s) ${labs[*]} (full output: $log)"
     # Labels pick the labs and the side (every -L must match); -R stays the user's filter.
