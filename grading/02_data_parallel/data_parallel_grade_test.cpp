@@ -4,7 +4,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data_parallel.hpp"
@@ -184,6 +186,35 @@ TEST(DataParallelGrading, ReportsTheLocalLossBeforeTheUpdate) {
     EXPECT_GE(MEASURED(st.compute_seconds), 0.0);
     EXPECT_GE(MEASURED(st.comm_seconds), 0.0);
     EXPECT_GE(MEASURED(st.optimizer_seconds), 0.0);
+  }
+}
+
+// StepStats promises three phase times of one call: compute, communication (waiting for peers
+// included), optimizer. They are disjoint parts of the call, so they add up to no more than the
+// call's own duration, whatever the machine's speed. A late rank makes the others wait inside
+// the all-reduces: a compute timer still running there would count that wait twice.
+TEST(DataParallelGrading, PhaseTimesAreDisjointPartsOfTheStep) {
+  const GPTConfig cfg = GPTConfig::tiny();
+  data::SyntheticCorpus corpus(cfg.vocab_size, 23);
+  data::GlobalBatchSampler sampler(corpus, 8, cfg.seq_len);
+  GPT model(cfg);
+  model->to(device());
+  auto opt = dtl::make_adamw(*model);
+  const int n = W().size(), r = W().rank();
+  for (int s = 0; s < 2; ++s) {
+    const torch::Tensor global = sampler.global_batch_at(s).to(device());
+    W().barrier();
+    if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto start = std::chrono::steady_clock::now();
+    const StepStats st = dp_train_step(model, *opt, global, W());
+    const double call =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(OBSERVE(st.local_rows), global.size(0) / n + (r < global.size(0) % n ? 1 : 0));
+    const double phases = MEASURED(st.compute_seconds + st.comm_seconds + st.optimizer_seconds);
+    EXPECT_LE(phases, call + 1e-3)
+        << "compute " << st.compute_seconds << " s + comm " << st.comm_seconds
+        << " s + optimizer " << st.optimizer_seconds << " s exceed the call's " << call
+        << " s: the phases must not overlap (is a timer still running in the next phase?)";
   }
 }
 

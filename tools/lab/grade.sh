@@ -124,8 +124,10 @@ grade_submission() {
   local scratch="${DTL_SCRATCH:-}"
   if [ -n "$scratch" ]; then mkdir -p "$scratch"; else scratch=$(mktemp -d "${TMPDIR:-/tmp}/dtl-submission-XXXXXX"); fi
   say "scratch copy: $scratch"
-  tar -C "$ROOT" --exclude='./build*' --exclude='./.git' --exclude='./results*.json' -cf - . |
-    tar -C "$scratch" -xf -
+  # A file edited while it is read (exit status 1) is no reason to stop: the copy holds one of
+  # its versions, and only the submission's files, copied in below, are graded.
+  { tar -C "$ROOT" --exclude='./build*' --exclude='./.git' --exclude='./results*.json' \
+      --warning=no-file-changed -cf - . || [ $? -eq 1 ]; } | tar -C "$scratch" -xf -
   # Restored pristine files keep old times; make sure the build sees every student file anew.
   while read -r n slug files; do
     for f in $files; do

@@ -94,6 +94,7 @@ cmd_mutants() {
     cp "$ROOT/solutions/$slug"/*.hpp "$sub/" 2>/dev/null || true
     chmod -R a+rX "$out/$n"
     say "lab $n: the reference, graded as a submission"
+    rm -f "$json"
     DTL_SCRATCH="$scratch" "$ROOT/lab" grade "$n" --submission "$sub" --json "$json" --no-perf \
       "${extra[@]}" >"$out/$n/reference.log" 2>&1 || true
     local ref_score
@@ -108,18 +109,23 @@ cmd_mutants() {
       mutant_apply "$n" "$p" "$sub" || die "mutants: $p does not apply to the reference (./lab mutants $n --check)"
       chmod -R a+rX "$out/$n"
       say "lab $n: $name"
+      rm -f "$json"
       DTL_SCRATCH="$scratch" "$ROOT/lab" grade "$n" --submission "$sub" --json "$json" --no-perf \
         "${extra[@]}" >"$out/$n/$name.log" 2>&1 || true
       local score caught
       score=$(mutant_score "$json") || score="not graded"
       caught=$(mutant_caught "$json" "$ref_score")
-      [ -n "$caught" ] || { caught="NOTHING: keeps the reference's marks"; missed=$((missed + 1)); }
+      if [ ! -f "$json" ]; then
+        caught="NOT GRADED: the grading did not finish (see $out/$n/$name.log)"; missed=$((missed + 1))
+      elif [ -z "$caught" ]; then
+        caught="NOTHING: keeps the reference's marks"; missed=$((missed + 1))
+      fi
       printf '    %-28s %-10s %s\n' "$name" "$score" "$caught"
       printf '| `%s` | %s | %s | %s |\n' "$name" "$(sed -n '1p' "$p")" "$score" "$caught" >>"$summary"
     done
   done
   say "summary: $summary"
-  [ "$missed" -eq 0 ] || die "mutants: $missed mutant(s) keep the reference's marks"
+  [ "$missed" -eq 0 ] || die "mutants: $missed mutant(s) keep the reference's marks or were not graded"
 }
 
 # mutant_score JSON -> "S/M" of the correctness points (fails when there is no results file)
@@ -136,7 +142,7 @@ EOF
 # mutant_caught JSON REF_SCORE -> the rubric groups that lost points, with the points
 # (empty when the mutant scores what the reference scores)
 mutant_caught() {
-  [ -f "$1" ] || { echo "no results (the grading did not finish)"; return 0; }
+  [ -f "$1" ] || return 0
   python3 - "$1" "$2" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))

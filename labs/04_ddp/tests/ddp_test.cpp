@@ -417,6 +417,40 @@ TEST(DDPUnused, FindUnusedParametersCompletesTheBuckets) {
       << "one per bucket + the usage map (+ the oracle's 6): " << st.to_string();
 }
 
+// Which parameters took part is a fact of one backward: the next backward starts from none. A
+// parameter used by the first backward and not by the second is unused in the second, and, as
+// in serial training, gets no gradient there (the gradients are cleared to undefined between
+// the two, as LibTorch 2's zero_grad does).
+TEST(DDPUnused, EachBackwardRecordsItsOwnUsedParameters) {
+  auto comm = fresh_comm();
+  torch::manual_seed(41 + comm->rank());
+  const torch::Tensor x = torch::randn({4, 6}, device());
+  Branchy model, plain;
+  model->to(device());
+  plain->to(device());
+  DistributedDataParallel ddp(model.ptr(), *comm, caps(4, 100, /*find_unused_parameters=*/true));
+  for (bool use_sometimes : {true, false}) {
+    for (auto* m : {&model, &plain})
+      for (auto& p : (*m)->parameters()) p.mutable_grad() = torch::Tensor();
+    model->forward(x, use_sometimes).pow(2).mean().backward();
+    plain->forward(x, use_sometimes).pow(2).mean().backward();
+    for (auto& p : plain->parameters()) {
+      if (!p.grad().defined()) continue;
+      comm->all_reduce(p.mutable_grad());
+      p.mutable_grad().div_(comm->size());
+    }
+    for (const auto& p : plain->named_parameters()) {
+      const torch::Tensor mine = model->named_parameters()[p.key()].grad();
+      EXPECT_EQ(OBSERVE(mine.defined()), p.value().grad().defined())
+          << p.key() << (use_sometimes ? " (first backward)" : " (second backward, where it "
+                                                               "took no part: no gradient)");
+      if (mine.defined() && p.value().grad().defined()) {
+        DTL_EXPECT_CLOSE(mine, p.value().grad(), 1e-5, 1e-7) << p.key();
+      }
+    }
+  }
+}
+
 TEST(DDPUnused, WithoutTheFlagBackwardRaisesInsteadOfHanging) {
   auto comm = fresh_comm();
   Branchy model;
