@@ -199,10 +199,12 @@ cmd_release() {
     local slug; slug=$(basename "$(ls -d "$tree"/labs/"$n"_*/)")
     "$BUILD/bin/dtl-grade" --public-rubric "$tree/grading/$slug/rubric.json" >"$out/grading/$slug/rubric.json"
   done
-  # The syllabus still lists every lecture; labs not in this release say so.
+  # The syllabus still lists every lecture; labs not in this release say so, without links to
+  # the handout and note the release does not have.
   for n in "${all[@]}"; do
     [[ " ${labs[*]} " == *" $n "* ]] ||
-      sed -i -E "s/^(\| $n \|.*\| )available \|$/\1not released yet |/" "$out/labs/SYLLABUS.md"
+      sed -i -E -e "/^\| $n \|/s/\[([^]]*)\]\([^)]*\)/\1/g" \
+        -e "s/^(\| $n \|.*\| )available \|$/\1not released yet |/" "$out/labs/SYLLABUS.md"
   done
   local sols=""
   [ ${#pub[@]} -gt 0 ] && sols="; the reference solutions of labs ${pub[*]} are in \`solutions/\`"

@@ -10,6 +10,9 @@ in the site too. What this script adds:
     handout and its note, then the tools and the instructors' pages;
   - a generated "Figures" page: every committed figure with its alt text and the pages that
     show it;
+  - code pages: each lab's interface, skeleton, demo, benchmark and public tests, and the
+    runtime's and harness's headers, as a page of its own (FILE.md, in each lab's "Code"
+    section), and every link of a page to such a file points at its page;
   - a link check before mkdocs runs: a relative link or image in any page that does not name a
     file of the site fails the build, naming the page and the link (mkdocs itself only warns
     about Markdown pages, and not at all about images);
@@ -42,7 +45,8 @@ def syllabus_titles(root):
     """{"01": "Why LLM training becomes ..."} from labs/SYLLABUS.md's table."""
     titles = {}
     for line in (root / "labs" / "SYLLABUS.md").read_text().splitlines():
-        m = re.match(r"\|\s*(\d\d)\s*\|\s*`[^`]+`\s*\|\s*([^|]+?)\s*\|", line)
+        # | 01 | [`01_slug`](01_slug/README.md) | [Title](../notes/01-slug.md) | ...
+        m = re.match(r"\|\s*(\d\d)\s*\|\s*\[?`[^`]+`(?:\]\([^)]*\))?\s*\|\s*\[?([^|\]]+?)\]?(?:\([^)]*\))?\s*\|", line)
         if m:
             titles[m.group(1)] = m.group(2)
     return titles
@@ -61,6 +65,42 @@ def pages(root):
     out += [f"labs/{d.name}/README.md" for d in lab_dirs(root)]
     out += [f"notes/{p.name}" for p in sorted((root / "notes").glob("*.md"))]
     return [p for p in out if (root / p).is_file()]
+
+
+def code_files(root):
+    """Repository-relative paths of the code a student reads, each shown as a page of its own:
+    every lab's interface, skeleton, demo, benchmark and public tests, and the runtime's and the
+    harness's headers they include."""
+    out = []
+    for d in lab_dirs(root):
+        for pattern in ("*.hpp", "*.cpp", "tests/*.hpp", "tests/*.cpp", "peers/*.py"):
+            out += [str(p.relative_to(root)) for p in sorted(d.glob(pattern))]
+    for pattern in ("common/include/dtl/*.hpp", "harness/include/dtl/harness/*.hpp"):
+        out += [str(p.relative_to(root)) for p in sorted(root.glob(pattern))]
+    return out
+
+
+def code_page(root, rel):
+    """A code file as Markdown: its path, where it sits, then the file in a fenced block."""
+    text = (root / rel).read_text()
+    fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+    lang = {".py": "python"}.get(Path(rel).suffix, "cpp")
+    return (f"# {rel}\n\n`{rel}` in the repository: read it there, or here.\n\n"
+            f"{fence}{lang}\n{text.rstrip()}\n{fence}\n")
+
+
+CODE_LINK = re.compile(r"(?P<open>!?\[[^\]]*\]\()(?P<target>[^)\s#]+)(?P<rest>[#)\s])")
+
+
+def link_code_pages(page, text, code):
+    """A page's links to a code file point at that file's page (FILE.md) in the site."""
+    def fix(m):
+        target = m.group("target")
+        if not is_relative(target):
+            return m.group(0)
+        path = os.path.normpath(os.path.join(os.path.dirname(page), target))
+        return m.group("open") + (target + ".md" if path in code else target) + m.group("rest")
+    return CODE_LINK.sub(fix, text)
 
 
 def assets(root):
@@ -205,6 +245,9 @@ def navigation(root):
         note = next((root / "notes").glob(f"{n}-*.md"), None)
         if note:
             entries.append({"Lecture note": f"notes/{note.name}"})
+        code = [f for f in code_files(root) if f.startswith(f"labs/{d.name}/")]
+        if code:
+            entries.append({"Code": [{f.split("/", 2)[2]: f + ".md"} for f in code]})
         labs.append({f"{n} {titles.get(n, d.name[3:])}": entries})
     tools = [{first_heading(root / p): p} for p in
              ("notes/tools-network-and-traces.md", "notes/gpu.md") if (root / p).is_file()]
@@ -212,7 +255,10 @@ def navigation(root):
         {"Home": "README.md"},
         {"Syllabus": "labs/SYLLABUS.md"},
         {"Labs": labs},
-        {"Tools": tools + [{"Figures": "figures.md"}]},
+        {"Tools": tools + [{"Figures": "figures.md"},
+                           {"Runtime and harness headers": [
+                               {f.split("include/", 1)[1]: f + ".md"} for f in code_files(root)
+                               if not f.startswith("labs/")]}]},
         {"Instructors": [{"Anatomy of a lab": "labs/README.md"},
                          {"The autograder": "grading/README.md"}]},
     ]
@@ -258,8 +304,9 @@ def main():
     args = ap.parse_args()
     root, stage, out = args.root.resolve(), args.stage.resolve(), args.out.resolve()
 
+    code = set(code_files(root))
     site_files = set(pages(root)) | set(assets(root))
-    problems = check_links(root, site_files)
+    problems = check_links(root, site_files | code)
     if problems:
         print("site: broken links:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 1
@@ -272,7 +319,13 @@ def main():
     docs = stage / "docs"
     for rel in sorted(site_files):
         (docs / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / rel, docs / rel)
+        if rel.endswith(".md"):
+            (docs / rel).write_text(link_code_pages(rel, (root / rel).read_text(), code))
+        else:
+            shutil.copyfile(root / rel, docs / rel)
+    for rel in sorted(code):
+        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (docs / (rel + ".md")).write_text(code_page(root, rel))
     (docs / "figures.md").write_text(figures_page(root, site_files))
     # JSON is YAML: no YAML writer needed.
     (stage / "mkdocs.yml").write_text(json.dumps(config(root, out), indent=1) + "\n")
@@ -292,7 +345,8 @@ def main():
             p.unlink()
             shutil.copyfile(target, p)
     n_pages = sum(1 for _ in out.rglob("*.html"))
-    print(f"site: {len(site_files) + 1} sources -> {n_pages} HTML pages in {out}")
+    print(f"site: {len(site_files) + 1} sources and {len(code)} code pages -> {n_pages} HTML "
+          f"pages in {out}")
     return 0
 
 
