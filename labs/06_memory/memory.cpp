@@ -35,7 +35,9 @@ Breakdown estimate(const GPTConfig& cfg, int64_t batch, int64_t seq, Precision p
                    OptimizerKind optimizer) {
   // TODO(lab06): Tasks 1 and 2. Fill every field of Breakdown as the header defines it.
   //  - State (Task 1): bytes per element times N for params, grads, master and optimizer.
-  //  - Activations, logits and peak (Task 2): the larger of the two high-water marks.
+  //  - Activations and logits (Task 2), then peak and steady_peak: the same three high-water
+  //    marks on top of what is resident when the step starts (the first step: the weights; every
+  //    later one: all of the state).
   (void)cfg, (void)batch, (void)seq, (void)precision, (void)optimizer;
   DTL_UNIMPLEMENTED("lab 06: estimate (Tasks 1-2)");
 }
@@ -47,11 +49,20 @@ Measured measure(GPT& model, torch::optim::Optimizer& optimizer, const torch::Te
   DTL_UNIMPLEMENTED("lab 06: measure (Task 3)");
 }
 
-std::string breakdown_table(const Breakdown& predicted, const Measured* measured,
-                            int64_t baseline) {
+TwoSteps measure_two_steps(GPT& model, torch::optim::Optimizer& optimizer,
+                           const torch::Tensor& batch) {
+  // TODO(lab06): Task 3. The first step is measure's. For the second, read and reset as measure
+  // does, but write the step out: zero every existing gradient in place (do not free it), then
+  // loss, backward, optimizer step. Let the loss die before you read the live bytes after.
+  (void)model, (void)optimizer, (void)batch;
+  DTL_UNIMPLEMENTED("lab 06: measure_two_steps (Task 3)");
+}
+
+std::string breakdown_table(const Breakdown& predicted, const Measured* measured, int64_t baseline,
+                            const Measured* second) {
   // TODO(lab06): Task 3. One row per category with memory::format_bytes of the predicted bytes;
   // with a measurement, the measured bytes and the ratio measured / predicted ("{:.3f}").
-  (void)predicted, (void)measured, (void)baseline;
+  (void)predicted, (void)measured, (void)baseline, (void)second;
   DTL_UNIMPLEMENTED("lab 06: breakdown_table (Task 3)");
 }
 

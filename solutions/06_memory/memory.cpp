@@ -75,22 +75,29 @@ Breakdown estimate(const GPTConfig& cfg, int64_t batch, int64_t seq, Precision p
   // themselves die when the loss is computed (nothing saves them).
   b.logits = e * BT * cfg.vocab_size;
 
+  // What each high-water mark adds to the bytes resident when its step starts.
   // Backward's first steps: nll_loss's gradient [B*T, V] and log_softmax's gradient (the
   // logits' gradient) are live together with everything forward saved.
-  const int64_t backward_start = b.params + b.activations + b.logits + 2 * e * BT * cfg.vocab_size;
+  const int64_t backward_start = b.activations + b.logits + 2 * e * BT * cfg.vocab_size;
   // The last block's attention backward: the gradient of the probabilities (from P V's
   // backward) and of the scores (softmax's backward) are two more [B, H, T, T] tensors while
   // everything forward saved is still live. The loss's tensors are gone by then.
   const int64_t BHTT = batch * cfg.n_head * seq * seq;
-  const int64_t attention_backward = b.params + b.activations + 2 * e * BHTT;
-  // The first optimizer step: grads exist, state is allocated parameter by parameter and all
-  // of it is live by the last one; AdamW's update computes sqrt(v) and sqrt(v) / c as new
+  const int64_t attention_backward = b.activations + 2 * e * BHTT;
+  // The optimizer step: AdamW's update computes sqrt(v) and sqrt(v) / c as new float32
   // tensors, so two temporaries the size of the largest parameter (an embedding or fc) appear.
   const int64_t d = cfg.d_model;
   const int64_t largest = std::max({cfg.vocab_size * d, cfg.seq_len * d, cfg.ff() * d, 3 * d * d});
   const int64_t step_temp = optimizer == OptimizerKind::kAdamW ? 2 * 4 * largest : 0;
-  const int64_t optimizer_step = b.state() + step_temp;
-  b.peak = std::max({backward_start, attention_backward, optimizer_step});
+  // The first step starts with only the weights (bf16 and, in mixed precision, the float32
+  // master copy); grads appear during backward, m and v in the optimizer step, parameter by
+  // parameter, all of them live by its end.
+  const int64_t weights = b.params + b.master;
+  b.peak =
+      std::max({weights + backward_start, weights + attention_backward, b.state() + step_temp});
+  // Every later step starts with all of the state resident (the grads are zeroed in place, not
+  // freed), so forward and backward pile up on top of it: a run needs this, not peak.
+  b.steady_peak = b.state() + std::max({backward_start, attention_backward, step_temp});
   return b;
 }
 
@@ -105,7 +112,28 @@ Measured measure(GPT& model, torch::optim::Optimizer& optimizer, const torch::Te
   return m;
 }
 
-std::string breakdown_table(const Breakdown& p, const Measured* m, int64_t baseline) {
+TwoSteps measure_two_steps(GPT& model, torch::optim::Optimizer& optimizer,
+                           const torch::Tensor& batch) {
+  TwoSteps r;
+  r.first = measure(model, optimizer, batch);
+  r.second.before = static_cast<int64_t>(memory::current_bytes());
+  memory::reset_peak();
+  {
+    // Zeroed in place, kept: the second step starts with grads, m and v all live.
+    for (torch::Tensor& p : model->parameters()) {
+      if (p.grad().defined()) p.grad().zero_();
+    }
+    torch::Tensor loss = model->loss(batch);
+    loss.backward();
+    optimizer.step();
+  }  // the loss dies here, as in train_step: `after` is the state alone
+  r.second.peak = static_cast<int64_t>(memory::peak_bytes());
+  r.second.after = static_cast<int64_t>(memory::current_bytes());
+  return r;
+}
+
+std::string breakdown_table(const Breakdown& p, const Measured* m, int64_t baseline,
+                            const Measured* second) {
   auto row = [&](const char* name, int64_t predicted, int64_t measured, bool has) {
     std::string out = fmt::format("{:<22} {:>12}", name, memory::format_bytes(predicted));
     if (m == nullptr) return out + "\n";
@@ -125,7 +153,9 @@ std::string breakdown_table(const Breakdown& p, const Measured* m, int64_t basel
   t += row("optimizer", p.optimizer, 0, false);
   t += row("state (after step)", p.state(), state, true);
   t += row("activations + logits", p.activations + p.logits, 0, false);
-  t += row("peak", p.peak, m ? m->peak - baseline : 0, true);
+  t += row("peak (first step)", p.peak, m ? m->peak - baseline : 0, true);
+  t += row("steady peak (step 2+)", p.steady_peak, second ? second->peak - baseline : 0,
+           second != nullptr);
   return t;
 }
 

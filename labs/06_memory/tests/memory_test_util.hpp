@@ -29,6 +29,7 @@ inline Breakdown observed(const Breakdown& b, const char* file = __builtin_FILE(
   o.activations = observe(b.activations, "Breakdown.activations", src, file, line);
   o.logits = observe(b.logits, "Breakdown.logits", src, file, line);
   o.peak = observe(b.peak, "Breakdown.peak", src, file, line);
+  o.steady_peak = observe(b.steady_peak, "Breakdown.steady_peak", src, file, line);
   return o;
 }
 
@@ -43,6 +44,12 @@ inline Measured measured(const Measured& m, const char* file = __builtin_FILE(),
   o.peak = observe(m.peak, "Measured.peak", src, file, line);
   o.after = observe(m.after, "Measured.after", src, file, line);
   return o;
+}
+
+// measure_two_steps's result, both steps observed as measured does.
+inline TwoSteps measured(const TwoSteps& s, const char* file = __builtin_FILE(),
+                         int line = __builtin_LINE()) {
+  return {measured(s.first, file, line), measured(s.second, file, line)};
 }
 
 }  // namespace dtl::lab06::testing
