@@ -451,6 +451,35 @@ TEST(DDPUnused, EachBackwardRecordsItsOwnUsedParameters) {
   }
 }
 
+// Without gradient_as_bucket_view the averaged gradients are copies the user owns: a .grad() of
+// one backward, set aside when the gradients are cleared to undefined (LibTorch 2's zero_grad),
+// still holds that backward's values after the next one, as in serial training. That includes
+// the gradient a rank receives for a parameter only another rank used: a .grad() that is the
+// bucket's own memory would be rewritten by the next backward's averaging.
+TEST(DDPUnused, GradientsSetAsideSurviveTheNextBackward) {
+  auto comm = fresh_comm();
+  Branchy model;
+  model->to(device());
+  DistributedDataParallel ddp(model.ptr(), *comm, caps(4, 100, /*find_unused_parameters=*/true));
+  std::vector<torch::Tensor> kept, values;
+  for (int64_t k = 0; k < 2; ++k) {
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    torch::manual_seed(43 + 7 * k + comm->rank());
+    const torch::Tensor x = torch::randn({4, 6}, device());
+    model->forward(x, /*use_sometimes=*/comm->rank() == 0).pow(2).mean().backward();
+    if (k > 0) break;
+    for (const auto& p : ddp.parameters()) {
+      kept.push_back(p.grad());
+      values.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+    }
+  }
+  for (size_t i = 0; i < kept.size(); ++i) {
+    if (!values[i].defined()) continue;
+    EXPECT_TRUE(OBSERVE(torch::equal(kept[i], values[i])))
+        << ddp.parameter_names()[i] << ": the first backward's gradient changed in the second";
+  }
+}
+
 TEST(DDPUnused, WithoutTheFlagBackwardRaisesInsteadOfHanging) {
   auto comm = fresh_comm();
   Branchy model;
