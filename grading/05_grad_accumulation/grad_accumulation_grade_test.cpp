@@ -18,6 +18,8 @@ using namespace lab05_test;  // NOLINT
 using dtl::lab05::global_batch;
 using dtl::lab05::linear_scaled_lr;
 using dtl::lab05::micro_batch_loss_scale;
+using dtl::lab05::noise_scale_terms;
+using dtl::lab05::NoiseScaleEstimator;
 using dtl::lab05::scheduled_lr;
 using dtl::lab05::sqrt_scaled_lr;
 using dtl::testing::expect_error_mentions;
@@ -85,6 +87,42 @@ TEST(GradeClosedForms, LossScales) {
   EXPECT_NEAR(OBSERVE(micro_batch_loss_scale(5, 1000, 8)), 0.04, 1e-15);
   expect_error_mentions([] { micro_batch_loss_scale(1, 4, -1); }, "world=-1");
   expect_error_mentions([] { micro_batch_loss_scale(1, -4, 1); }, "global_rows=-4");
+}
+
+TEST(GradeClosedForms, NoiseScaleEdges) {
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(OBSERVE(noise_scale_terms(0.7, 4.5, 0.7, 4.5).has_value()))
+      << "equal batches: no estimate";
+  expect_error_mentions([&] { noise_scale_terms(1.0, 4.0, 1.0, inf); }, "big_batch=");
+  expect_error_mentions([&] { noise_scale_terms(inf, 4.0, 1.0, 8.0); }, "small_sq_norm=");
+  expect_error_mentions([] { noise_scale_terms(1.0, -2.0, 1.0, 8.0); }, "small_batch=-2");
+  // No noise at all (the same norm at both batches): |G|^2 is that norm, S is 0, and the
+  // estimator gives no B_simple (a zero noise scale is not resolved from these two batches).
+  const auto t = noise_scale_terms(2.5, 3.0, 2.5, 12.0);
+  ASSERT_TRUE(OBSERVE(t.has_value()));
+  EXPECT_NEAR(OBSERVE(t->grad_sq), 2.5, 1e-12);
+  EXPECT_NEAR(OBSERVE(t->trace), 0.0, 1e-12);
+  NoiseScaleEstimator est(0.9);
+  est.add(*t);
+  EXPECT_FALSE(OBSERVE(est.b_simple().has_value()));
+  EXPECT_NEAR(OBSERVE(est.grad_sq()), 0.25, 1e-12) << "0.9 x 0 + 0.1 x 2.5";
+}
+
+TEST(GradeClosedForms, TrainerRejectsANoiseScaleItCannotMeasure) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  GPT model(cfg);
+  model->to(device());
+  DistributedDataParallel ddp(model.ptr(), *comm, small_buckets());
+  auto opt = adamw()(model);
+  AccumulationOptions o;
+  o.accum_steps = 2;
+  o.measure_noise_scale = true;
+  o.no_sync = false;
+  expect_error_mentions([&] { AccumulationTrainer t(model, ddp, *opt, o); }, "no_sync");
+  o.no_sync = true;
+  o.noise_scale_decay = 1.5;
+  expect_error_mentions([&] { AccumulationTrainer t(model, ddp, *opt, o); }, "decay=1.5");
 }
 
 // ---------------------------------------------------------------- the trainer
@@ -186,6 +224,110 @@ TEST(GradeTrainer, ARejectedStepChangesNothingAndTrainingGoesOn) {
     EXPECT_TRUE(OBSERVE(ddp.require_sync())) << "no NoSync guard may outlive a step";
   }
   DTL_EXPECT_CLOSE(dtl::testing::flat_params(*model).cpu(), expected.cpu(), 1e-4, 2e-5);
+}
+
+// Padding that empties the last rank's whole shard: that rank still runs every backward (of
+// a zero loss, or DDP would wait for it), counts no target, and reports a loss of 0; the step
+// still equals the serial mean over the counted targets. Then the masks no step accepts.
+TEST(GradeTrainer, TokenWeightedWithARankThatCountsNothing) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  const int64_t world = comm->size();
+  const int64_t rows = 3 * world + 1;
+  const int64_t T = cfg.seq_len;
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 64);
+  dtl::data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+  // (At one rank, whose rows cannot all be padding, only its last row is.)
+  const dtl::Range last_rank =
+      world > 1 ? dtl::split_range(rows, world, world - 1) : dtl::Range{rows - 1, rows};
+  const MaskAt mask_at = [&](int s) { return padded_mask(rows, T, s + 1, last_rank); };
+  AccumulationOptions o;
+  o.accum_steps = 3;
+  o.schedule = short_schedule(0.3, LrScaling::None);
+  o.measure_noise_scale = true;  // a masked step measures nothing
+  std::vector<double> serial_losses;
+  const torch::Tensor expected =
+      serial_params(cfg, sampler, 2, o.schedule, sgd(), &serial_losses, mask_at);
+  const TrainedRun run = run_trainer(*comm, cfg, sampler, 2, o, sgd(), small_buckets(), mask_at);
+  DTL_EXPECT_CLOSE(run.params.cpu(), expected.cpu(), 1e-4, 1e-6)
+      << describe(*comm, rows, 3) << ", the last rank's rows all padding";
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_NEAR(run.global_losses[s], serial_losses[s], 1e-5) << "step " << s;
+    if (world > 1 && comm->rank() == world - 1) {
+      EXPECT_EQ(run.stats[s].local_tokens, 0);
+      EXPECT_EQ(run.stats[s].loss, 0.0) << "no counted target: loss 0, not NaN";
+    }
+    EXPECT_FALSE(run.stats[s].b_simple.has_value()) << "a masked step measures nothing";
+  }
+  EXPECT_EQ(run.all_reduces, 2 * run.buckets) << "no scalar all-reduce without a measurement";
+
+  GPT model(cfg);
+  model->to(device());
+  DistributedDataParallel ddp(model.ptr(), *comm, small_buckets());
+  auto opt = sgd()(model);
+  AccumulationTrainer trainer(model, ddp, *opt, o);
+  comm->reset_stats();
+  const torch::Tensor batch = sampler.global_batch_at(0).to(device());
+  expect_error_mentions(
+      [&] { trainer.step(batch, torch::zeros({rows, T}, torch::kBool).to(device())); },
+      "no counted target");
+  expect_error_mentions(
+      [&] { trainer.step(batch, torch::ones({rows, T}, torch::kFloat32).to(device())); },
+      "loss_mask");
+  expect_error_mentions(
+      [&] { trainer.step(batch, torch::ones({rows, T + 1}, torch::kBool).to(device())); },
+      "loss_mask");
+  expect_error_mentions([&] { trainer.step(batch, torch::Tensor()); }, "loss_mask");
+  EXPECT_EQ(MEASURED(comm->stats()).total_count(), 0) << "a rejected step sends nothing";
+  EXPECT_EQ(OBSERVE(trainer.optimizer_steps()), 0);
+}
+
+// The noise scale of a data-parallel group: world and rank are the sub-communicator's (groups
+// of 2 measure, a group of 1 has no small batch), and a rejected step leaves the estimate alone.
+TEST(GradeTrainer, NoiseScaleOfASubCommunicatorGroup) {
+  auto world = fresh_comm();
+  const int color = world->rank() % 2;
+  std::shared_ptr<dtl::Comm> group = world->split(color, world->rank());
+  const GPTConfig cfg = GPTConfig::tiny();
+  const int64_t rows = 7;
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 66 + color);
+  dtl::data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+  AccumulationOptions o;
+  o.accum_steps = 3;
+  o.schedule = short_schedule(0.3, LrScaling::None);
+  o.measure_noise_scale = true;
+  o.noise_scale_decay = 0.8;
+  const std::vector<NoiseNorms> norms =
+      serial_noise_norms(cfg, sampler, 2, o.schedule, sgd(), group->size());
+  const auto b_simple = expected_b_simple(norms, static_cast<double>(rows), 0.8);
+
+  GPT model(cfg);
+  model->to(device());
+  DistributedDataParallel ddp(model.ptr(), *group, small_buckets());
+  auto opt = sgd()(model);
+  AccumulationTrainer trainer(model, ddp, *opt, o);
+  expect_error_mentions(
+      [&] { trainer.step(sampler.global_batch_at(0).narrow(0, 0, 2).to(device())); },
+      "empty micro-batch");
+  EXPECT_EQ(OBSERVE(trainer.noise_scale().count()), 0) << "a rejected step measures nothing";
+  for (int s = 0; s < 2; ++s) {
+    const StepStats st = observed(trainer.step(sampler.global_batch_at(s).to(device())));
+    const std::string where = "group " + std::to_string(color) + " of " +
+                              std::to_string(group->size()) + " ranks, step " + std::to_string(s);
+    if (group->size() == 1) {
+      EXPECT_FALSE(st.b_simple.has_value()) << where;
+      continue;
+    }
+    EXPECT_NEAR(st.small_sq_norm, norms[s].small_sq_norm, 1e-4 * norms[s].small_sq_norm) << where;
+    EXPECT_NEAR(st.big_sq_norm, norms[s].big_sq_norm, 1e-4 * norms[s].big_sq_norm) << where;
+    ASSERT_EQ(st.b_simple.has_value(), b_simple[s].has_value()) << where;
+    if (b_simple[s]) {
+      EXPECT_NEAR(*st.b_simple, *b_simple[s], 1e-3 * *b_simple[s]) << where;
+    }
+  }
+  EXPECT_EQ(OBSERVE(trainer.noise_scale().count()), group->size() > 1 ? 2 : 0);
+  EXPECT_EQ(MEASURED(world->stats())[OpType::AllReduce].count, 0)
+      << "all traffic on the group's Comm";
 }
 
 }  // namespace

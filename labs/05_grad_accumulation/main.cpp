@@ -1,13 +1,14 @@
 // lab 05 demo: one training run with gradient accumulation over lab 04's DDP, at the world size
 // of the launch and the --micro / --accum of the flags. Prints, per optimizer step, the lr of
-// the schedule, the loss over the global batch and what the gradient Comm sent. Run it at three
-// settings of the same global batch (16) and compare: the loss curves agree to float rounding,
-// the communication does not.
+// the schedule, the loss over the global batch, what the gradient Comm sent, and the running
+// gradient noise scale B_simple (from 2 ranks on). Run it at three settings of the same global
+// batch (16) and compare: the loss curves agree to float rounding, the communication does not.
 //
 //   ./lab run 05 -n 1 -- --micro 16 --accum 1
 //   ./lab run 05 -n 2 -- --micro 4 --accum 2
 //   ./lab run 05 -n 4 -- --micro 2 --accum 2
 //   ./lab run 05 -n 4 -- --micro 2 --accum 2 --sync-every-micro   forget no_sync
+//   ./lab run 05 -n 4 -- --micro 2 --accum 2 --no-noise-scale     no B_simple, no extra all-reduce
 //   ./lab run 05 -n 2 -- --help                                      every flag
 #include <fmt/format.h>
 
@@ -25,6 +26,7 @@
 #include "dtl/optim.hpp"          // defines: make_adamw
 #include "dtl/perf.hpp"           // defines: max_over_ranks
 #include "dtl/runtime.hpp"        // defines: Runtime, RuntimeOptions
+#include "dtl/split.hpp"          // defines: split_range
 #include "dtl/timer.hpp"          // defines: DeviceTimer
 #include "grad_accumulation.hpp"  // defines: global_batch, AccumulationTrainer, ...
 
@@ -38,9 +40,10 @@ int main(int argc, char** argv) {
   schedule.base_lr = 1e-3;
   schedule.base_batch = 16;
   schedule.warmup_steps = 3;
-  std::string scaling = "linear";
+  std::string scaling = "sqrt";  // AdamW: the square-root rule (note 05, section 4)
   double cap_kib = dtl::lab05::kDemoBucketBytes / 1024.0;
   bool sync_every_micro = false;
+  bool no_noise_scale = false;
   app.add_option("--micro", micro, "sequences per micro-batch per rank")->capture_default_str();
   app.add_option("--accum", accum, "micro-batches per optimizer step")->capture_default_str();
   app.add_option("--steps", steps, "optimizer steps")->capture_default_str();
@@ -59,7 +62,9 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-kib", cap_kib, "DDP bucket cap (first bucket too), KiB")
       ->capture_default_str();
   app.add_flag("--sync-every-micro", sync_every_micro,
-               "no no_sync: every micro-batch's backward all-reduces");
+               "no no_sync: every micro-batch's backward all-reduces (and no B_simple)");
+  app.add_flag("--no-noise-scale", no_noise_scale,
+               "do not measure B_simple (saves one scalar all-reduce per step)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -83,6 +88,8 @@ int main(int argc, char** argv) {
     options.accum_steps = accum;
     options.schedule = schedule;
     options.no_sync = !sync_every_micro;
+    // The local gradient exists only between no_sync backwards; one rank has no small batch.
+    options.measure_noise_scale = !no_noise_scale && !sync_every_micro && world > 1;
     dtl::lab05::AccumulationTrainer trainer(model, ddp, *optimizer, options);
     dtl::data::SyntheticCorpus corpus(cfg.vocab_size, rt.seed());
     dtl::data::GlobalBatchSampler sampler(corpus, batch, cfg.seq_len);
@@ -100,8 +107,18 @@ int main(int argc, char** argv) {
         schedule.base_lr, schedule.base_batch, scaling,
         dtl::lab05::scheduled_lr(schedule, batch, std::max<int64_t>(schedule.warmup_steps - 1, 0)),
         batch, schedule.warmup_steps, steps - 1, corpus.entropy_rate());
-    dtl::print0("\n{:>4} {:>10} {:>10} {:>12} {:>12} {:>14} {:>9}", "step", "lr", "loss",
-                "all-reduces", "bytes", "wire B/rank", "step ms");
+    if (options.measure_noise_scale) {
+      double inverse_rows = 0;  // the local batch: the harmonic mean of the ranks' rows
+      for (int64_t r = 0; r < world; ++r)
+        inverse_rows += 1.0 / static_cast<double>(dtl::split_range(batch, world, r).size());
+      dtl::print0(
+          "B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, A.1) from the local "
+          "(batch {:.4g}) and all-reduced (batch {}) gradients' norms, averages with decay {}; "
+          "+1 all-reduce of 8 B per step",
+          static_cast<double>(world) / inverse_rows, batch, options.noise_scale_decay);
+    }
+    dtl::print0("\n{:>4} {:>10} {:>10} {:>12} {:>12} {:>14} {:>9} {:>9}", "step", "lr", "loss",
+                "all-reduces", "bytes", "wire B/rank", "step ms", "B_simple");
     for (int64_t s = 0; s < steps; ++s) {
       const torch::Tensor global = sampler.global_batch_at(s).to(rt.device());
       const dtl::CommStats before = grad_comm->stats();
@@ -117,10 +134,13 @@ int main(int argc, char** argv) {
       rt.world().all_reduce(total);
       const auto& a = after[dtl::OpType::AllReduce];
       const auto& b = before[dtl::OpType::AllReduce];
-      dtl::print0("{:>4} {:>10.3e} {:>10.6f} {:>12} {:>12} {:>14} {:>9.1f}", s, st.lr,
+      // "-" while there is no estimate: one rank, not measured, or no positive average yet.
+      const std::string b_simple = st.b_simple ? fmt::format("{:.1f}", *st.b_simple) : "-";
+      dtl::print0("{:>4} {:>10.3e} {:>10.6f} {:>12} {:>12} {:>14} {:>9.1f} {:>9}", s, st.lr,
                   total.item<double>() / static_cast<double>(batch), a.count - b.count,
                   dtl::memory::format_bytes(static_cast<double>(a.bytes - b.bytes)),
-                  dtl::memory::format_bytes(a.wire_bytes - b.wire_bytes), seconds * 1e3);
+                  dtl::memory::format_bytes(a.wire_bytes - b.wire_bytes), seconds * 1e3,
+                  b_simple);
     }
     const dtl::CommStats totals = grad_comm->stats();  // by value: a reference into it would dangle
     const auto& ar = totals[dtl::OpType::AllReduce];

@@ -9,6 +9,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -20,7 +23,11 @@ namespace {
 using namespace lab05_test;  // NOLINT: helpers shared with the grading tests
 using dtl::lab05::global_batch;
 using dtl::lab05::linear_scaled_lr;
+using dtl::lab05::masked_lm_loss_sum;
 using dtl::lab05::micro_batch_loss_scale;
+using dtl::lab05::noise_scale_terms;
+using dtl::lab05::NoiseScaleEstimator;
+using dtl::lab05::NoiseScaleTerms;
 using dtl::lab05::scheduled_lr;
 using dtl::lab05::sqrt_scaled_lr;
 using dtl::testing::expect_error_mentions;
@@ -144,7 +151,113 @@ TEST(LossScale, RejectsBadArguments) {
   expect_error_mentions([] { micro_batch_loss_scale(-1, 16, 2); }, "micro_rows=-1");
 }
 
-// ---------------------------------------------------------------- Tasks 5-6: the trainer
+// ---------------------------------------------------------------- Task 5: token-weighted loss
+
+TEST(TokenLoss, SumOverTheCountedTargetsOnly) {
+  torch::manual_seed(5);
+  const torch::Tensor logits = torch::randn({3, 4, 6}, torch::kFloat64).requires_grad_();
+  const torch::Tensor targets = torch::randint(0, 6, {3, 4}, torch::kInt64);
+  // Row 0 fully counted, row 1 padded after 2 targets, row 2 all padding.
+  torch::Tensor mask = torch::zeros({3, 4}, torch::kBool);
+  mask[0].fill_(true);
+  mask[1].narrow(0, 0, 2).fill_(true);
+  // -log softmax at the target, added up where the mask says so: by hand.
+  const torch::Tensor nll =
+      -torch::log_softmax(logits, -1).gather(2, targets.unsqueeze(2)).squeeze(2);
+  const double expected = (nll * mask.to(torch::kFloat64)).sum().item<double>();
+  const torch::Tensor sum = masked_lm_loss_sum(logits, targets, mask);
+  EXPECT_EQ(OBSERVE(sum.dim()), 0);
+  EXPECT_NEAR(OBSERVE(sum.item<double>()), expected, 1e-12) << "the SUM over 6 counted targets";
+  sum.backward();
+  EXPECT_EQ(OBSERVE(logits.grad()[2].abs().max().item<double>()), 0.0)
+      << "an ignored target gets no gradient";
+
+  // Nothing counted: a zero loss, and a zero gradient, not 0 / 0.
+  const torch::Tensor none_logits = logits.detach().clone().requires_grad_();
+  const torch::Tensor none =
+      masked_lm_loss_sum(none_logits, targets, torch::zeros({3, 4}, torch::kBool));
+  EXPECT_EQ(OBSERVE(none.item<double>()), 0.0) << "a micro-batch with no counted target";
+  none.backward();
+  EXPECT_EQ(OBSERVE(none_logits.grad().abs().max().item<double>()), 0.0) << "and no NaN";
+}
+
+TEST(TokenLoss, RejectsBadArguments) {
+  const torch::Tensor logits = torch::zeros({2, 3, 5});
+  const torch::Tensor targets = torch::zeros({2, 3}, torch::kInt64);
+  expect_error_mentions([&] { masked_lm_loss_sum(logits, targets, torch::ones({2, 3})); },
+                        "loss_mask");
+  expect_error_mentions(
+      [&] { masked_lm_loss_sum(logits, targets, torch::ones({2, 4}, torch::kBool)); }, "loss_mask");
+  expect_error_mentions(
+      [&] { masked_lm_loss_sum(logits.flatten(0, 1), targets, torch::ones({2, 3}, torch::kBool)); },
+      "logits");
+}
+
+// ---------------------------------------------------------------- Task 6: the noise scale
+
+TEST(NoiseScale, TermsRecoverTheTrueGradientAndTheNoise) {
+  // |G_small|^2 = 3 at batch 4, |G_big|^2 = 1.5 at 16: |G|^2 = (24 - 12) / 12 = 1,
+  // S = 1.5 / (1/4 - 1/16) = 8, so B_simple = 8.
+  const auto t = noise_scale_terms(3.0, 4.0, 1.5, 16.0);
+  ASSERT_TRUE(OBSERVE(t.has_value()));
+  EXPECT_NEAR(OBSERVE(t->grad_sq), 1.0, 1e-12);
+  EXPECT_NEAR(OBSERVE(t->trace), 8.0, 1e-12);
+  // The property: norms that follow E|G_b|^2 = |G|^2 + S / b exactly give |G|^2 and S back,
+  // for any two batch sizes (a harmonic mean of rows is not an integer).
+  for (const auto& [g2, tr] : {std::pair{1.0, 8.0}, {0.02, 35.0}, {4.5, 0.3}}) {
+    for (const auto& [bs, bb] : {std::pair{1.0, 2.0}, {4.8, 17.0}, {8.0, 32.0}, {16.0, 1024.0}}) {
+      const auto e = noise_scale_terms(g2 + tr / bs, bs, g2 + tr / bb, bb);
+      const std::string where = "B_small " + std::to_string(bs) + ", B_big " + std::to_string(bb);
+      ASSERT_TRUE(OBSERVE(e.has_value())) << where;
+      EXPECT_NEAR(OBSERVE(e->grad_sq), g2, 1e-9 * (1 + tr)) << where;
+      EXPECT_NEAR(OBSERVE(e->trace), tr, 1e-9 * (1 + tr) * bb) << where;
+    }
+  }
+  // A single step's estimate can be negative: it is returned, not clipped.
+  EXPECT_LT(OBSERVE(noise_scale_terms(1.0, 2.0, 1.2, 8.0)->trace), 0.0);
+  // One rank: the small batch IS the big batch, and there is no estimate.
+  EXPECT_FALSE(OBSERVE(noise_scale_terms(2.0, 16.0, 2.0, 16.0).has_value()));
+}
+
+TEST(NoiseScale, RejectsBadArguments) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  expect_error_mentions([] { noise_scale_terms(-1.0, 4.0, 1.0, 8.0); }, "small_sq_norm=-1");
+  expect_error_mentions([&] { noise_scale_terms(1.0, 4.0, nan, 8.0); }, "big_sq_norm=");
+  expect_error_mentions([] { noise_scale_terms(1.0, 0.0, 1.0, 8.0); }, "small_batch=0");
+  expect_error_mentions([] { noise_scale_terms(1.0, 8.0, 1.0, 4.0); }, "big_batch=4");
+  expect_error_mentions([] { NoiseScaleEstimator e(1.0); }, "decay=1");
+  expect_error_mentions([] { NoiseScaleEstimator e(-0.5); }, "decay=-0.5");
+}
+
+// The paper's advice: average the numerator and the denominator separately, then divide.
+TEST(NoiseScale, EstimatorDividesTheAveragesNotTheRatios) {
+  NoiseScaleEstimator est(0.5);
+  EXPECT_FALSE(OBSERVE(est.b_simple().has_value())) << "no estimate before any step";
+  EXPECT_EQ(OBSERVE(est.count()), 0);
+  const std::vector<NoiseScaleTerms> steps = {{-0.4, 6.0}, {1.0, 10.0}, {0.2, 30.0}, {2.0, -4.0}};
+  double g = 0, tr = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    est.add(steps[i]);
+    g = 0.5 * g + 0.5 * steps[i].grad_sq;
+    tr = 0.5 * tr + 0.5 * steps[i].trace;
+    EXPECT_NEAR(OBSERVE(est.grad_sq()), g, 1e-12) << "after step " << i;
+    EXPECT_NEAR(OBSERVE(est.trace()), tr, 1e-12) << "after step " << i;
+    EXPECT_EQ(OBSERVE(est.count()), static_cast<int64_t>(i + 1));
+    const std::optional<double> b = OBSERVE(est.b_simple());
+    if (g > 0 && tr > 0) {
+      ASSERT_TRUE(b.has_value()) << "after step " << i;
+      EXPECT_NEAR(*b, tr / g, 1e-12) << "after step " << i;
+    } else {
+      EXPECT_FALSE(b.has_value()) << "after step " << i << ": averages " << g << ", " << tr;
+    }
+  }
+  NoiseScaleEstimator last(0.0);
+  last.add({2.0, 10.0});
+  last.add({4.0, 10.0});
+  EXPECT_NEAR(OBSERVE(*last.b_simple()), 2.5, 1e-12) << "decay 0 keeps the last step only";
+}
+
+// ---------------------------------------------------------------- Tasks 7-8: the trainer
 
 // The lecture's claim: the same global batch gives the same training whatever world x micro
 // x accum produce it. Global batch 16 at this world size with accum 1, 2 and 4 (at world 3 the
@@ -300,6 +413,111 @@ TEST(Trainer, RejectsBadInputOnEveryRankBeforeCommunicating) {
   EXPECT_EQ(MEASURED(comm->stats()).total_count(), 0) << "a rejected step sends nothing";
   EXPECT_EQ(OBSERVE(trainer.optimizer_steps()), 0) << "and is not counted";
   DTL_EXPECT_EQUAL(dtl::testing::flat_params(*model), before);
+}
+
+// Padded sequences: each row counts its first 1..T targets, a whole micro-batch of rank 0
+// counts none, and the padding changes every step. The loss is the mean over the counted
+// targets of the global batch (serial oracle: cross_entropy with ignored targets). A mean per
+// micro-batch (NaN for the empty one), weights by rows, or `loss / accum` train another model.
+TEST(Trainer, TokenWeightedLossMatchesTheSerialMaskedMean) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  const int64_t world = comm->size();
+  const int64_t rows = 4 * world + 1;
+  const int64_t accum = 2;
+  const int64_t T = cfg.seq_len;
+  const int steps = 3;
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 55);
+  dtl::data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+  // Rank 0's last micro-batch: rows [begin, end) of the global batch.
+  const dtl::Range rank0 = dtl::split_range(rows, world, 0);
+  const dtl::Range last = dtl::split_range(rank0.size(), accum, accum - 1);
+  const MaskAt mask_at = [&](int s) { return padded_mask(rows, T, s, last); };
+  LrSchedule constant;
+  constant.base_lr = 0.5;
+  constant.base_batch = rows;
+  constant.scaling = LrScaling::None;
+  constant.total_steps = steps;
+  constant.min_lr_ratio = 1.0;
+  std::vector<double> serial_losses;
+  const torch::Tensor expected =
+      serial_params(cfg, sampler, steps, constant, sgd(), &serial_losses, mask_at);
+  AccumulationOptions o;
+  o.accum_steps = accum;
+  o.schedule = constant;
+  const TrainedRun run =
+      run_trainer(*comm, cfg, sampler, steps, o, sgd(), small_buckets(), mask_at);
+  const std::string where = describe(*comm, rows, accum) + ", padded rows";
+  DTL_EXPECT_CLOSE(run.params.cpu(), expected.cpu(), 1e-4, 1e-6) << where;
+  DTL_EXPECT_SAME_ON_ALL_RANKS(run.params) << where;
+  const dtl::Range mine = dtl::split_range(rows, world, comm->rank());
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_NEAR(run.global_losses[s], serial_losses[s], 1e-5)
+        << where << ", step " << s << ": the mean over the counted targets";
+    EXPECT_EQ(run.stats[s].local_tokens,
+              mask_at(s).narrow(0, mine.begin, mine.size()).sum().item<int64_t>())
+        << where << ", step " << s << ": this rank's counted targets";
+  }
+}
+
+// The gradient noise scale, measured by the trainer: at every step its two squared norms equal
+// the serial ones (each rank's local mean gradient before the all-reduce, averaged over the
+// ranks; the global batch's after it), B_simple follows from them, the accumulation does not
+// change any of it, and the training is the same as without the measurement. One scalar
+// all-reduce per step on top of the buckets'. At one rank there is no small batch: no estimate,
+// no extra communication.
+TEST(Trainer, MeasuresTheGradientNoiseScale) {
+  auto comm = fresh_comm();
+  const GPTConfig cfg = GPTConfig::tiny();
+  const int64_t world = comm->size();
+  const int64_t rows = 4 * world + 2;  // uneven shards at world 3 and 4
+  const int steps = 3;
+  dtl::data::SyntheticCorpus corpus(cfg.vocab_size, 56);
+  dtl::data::GlobalBatchSampler sampler(corpus, rows, cfg.seq_len);
+  const LrSchedule schedule = short_schedule();
+  const torch::Tensor expected = serial_params(cfg, sampler, steps, schedule, adamw());
+  const std::vector<NoiseNorms> norms =
+      serial_noise_norms(cfg, sampler, steps, schedule, adamw(), world);
+  const double decay = 0.5;
+  const std::vector<std::optional<double>> b_simple =
+      expected_b_simple(norms, static_cast<double>(rows), decay);
+
+  for (int64_t accum : {1, 2}) {
+    AccumulationOptions o;
+    o.accum_steps = accum;
+    o.schedule = schedule;
+    o.measure_noise_scale = true;
+    o.noise_scale_decay = decay;
+    const TrainedRun run = run_trainer(*comm, cfg, sampler, steps, o, adamw());
+    const std::string where = describe(*comm, rows, accum) + ", measuring the noise scale";
+    DTL_EXPECT_CLOSE(run.params.cpu(), expected.cpu(), 1e-4, 2e-5)
+        << where << ": the measurement must not change the training";
+    if (world == 1) {
+      EXPECT_EQ(run.all_reduces, steps * run.buckets) << where << ": nothing to measure";
+      for (const StepStats& st : run.stats) {
+        EXPECT_FALSE(st.b_simple.has_value()) << where << ": one rank has no small batch";
+        EXPECT_EQ(st.small_sq_norm, 0.0) << where;
+        EXPECT_EQ(st.big_sq_norm, 0.0) << where;
+      }
+      continue;
+    }
+    EXPECT_EQ(run.all_reduces, steps * (run.buckets + 1))
+        << where << ": the buckets' all-reduces and one scalar per step";
+    for (int s = 0; s < steps; ++s) {
+      const StepStats& st = run.stats[s];
+      const NoiseNorms& n = norms[s];
+      EXPECT_NEAR(st.small_sq_norm, n.small_sq_norm, 1e-4 * n.small_sq_norm)
+          << where << ", step " << s
+          << ": the mean over ranks of |local mean gradient|^2, before the all-reduce";
+      EXPECT_NEAR(st.small_batch, n.small_batch, 1e-12) << where << ", step " << s;
+      EXPECT_NEAR(st.big_sq_norm, n.big_sq_norm, 1e-4 * n.big_sq_norm)
+          << where << ", step " << s << ": |all-reduced gradient|^2";
+      ASSERT_EQ(st.b_simple.has_value(), b_simple[s].has_value()) << where << ", step " << s;
+      if (b_simple[s]) {
+        EXPECT_NEAR(*st.b_simple, *b_simple[s], 1e-3 * *b_simple[s]) << where << ", step " << s;
+      }
+    }
+  }
 }
 
 }  // namespace
