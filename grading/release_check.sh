@@ -118,7 +118,7 @@ for f in lab .ci/run common/CMakeLists.txt harness/CMakeLists.txt grading/src/ma
   [ -e "$rel/$f" ] || fail "missing $f"
 done
 for f in solutions/02_data_parallel solutions/03_ring_allreduce labs/04_ddp notes/04-ddp.md \
-         grading/selftest grading/gradescope grading/release_check.sh; do
+         grading/selftest grading/gradescope grading/mutants grading/release_check.sh; do
   [ ! -e "$rel/$f" ] || fail "must not contain $f"
 done
 if find "$rel/grading" -name '*_test.cpp' | grep -q .; then fail "contains hidden tests"; fi

@@ -210,10 +210,13 @@ TEST(DataParallelGrading, PhaseTimesAreDisjointPartsOfTheStep) {
     const double call =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_EQ(OBSERVE(st.local_rows), global.size(0) / n + (r < global.size(0) % n ? 1 : 0));
-    const double phases = MEASURED(st.compute_seconds + st.comm_seconds + st.optimizer_seconds);
-    EXPECT_LE(phases, call + 1e-3)
-        << "compute " << st.compute_seconds << " s + comm " << st.comm_seconds
-        << " s + optimizer " << st.optimizer_seconds << " s exceed the call's " << call
+    // One observation of all four, so that the grader's check compares times of one run.
+    const std::vector<double> times{st.compute_seconds, st.comm_seconds, st.optimizer_seconds,
+                                    call};
+    const std::vector<double> t = MEASURED(times);
+    EXPECT_LE(t[0] + t[1] + t[2], t[3] + 1e-3)
+        << "compute " << t[0] << " s + comm " << t[1] << " s + optimizer " << t[2]
+        << " s exceed the call's " << t[3]
         << " s: the phases must not overlap (is a timer still running in the next phase?)";
   }
 }

@@ -187,7 +187,7 @@ cmd_release() {
       solutions/[0-9][0-9]_*) k=${f:10:2}; [[ " ${pub[*]} " == *" $k "* ]] || keep=0 ;;
       solutions/*) keep=0 ;;
       grading/[0-9][0-9]_*/rubric.json) k=${f:8:2}; [[ " ${labs[*]} " == *" $k "* ]] || keep=0 ;;
-      grading/[0-9][0-9]_*|grading/selftest/*|grading/gradescope/*|grading/release_check.sh) keep=0 ;;
+      grading/[0-9][0-9]_*|grading/selftest/*|grading/gradescope/*|grading/mutants/*|grading/release_check.sh) keep=0 ;;
       notes/[0-9][0-9]-*) k=${f:6:2}; [[ " ${labs[*]} " == *" $k "* ]] || keep=0 ;;
       tools/release/*) keep=0 ;;
     esac
@@ -309,6 +309,7 @@ cmd_gradescope_zip() {
     for k in $keep; do [ "$k" = "$lab" ] || deps+=("$k"); done
     what="lab $lab${deps[*]:+, with the reference solutions of lab(s) ${deps[*]}, which it builds on}"
   fi
+  rm -rf "$stage/grading/mutants"  # the instructors' wrong versions: no part of grading
   cp "$stage/grading/gradescope/setup.sh" "$stage/grading/gradescope/run_autograder" "$stage/"
   rm -f "$out"
   (cd "$stage" && find . -mindepth 1 -maxdepth 1 -printf '%P\0' | xargs -0 cmake -E tar cf "$out" --format=zip --)
