@@ -396,11 +396,7 @@ TEST(DDPUnused, FindUnusedParametersCompletesTheBuckets) {
   Branchy plain;
   plain->to(device());
   plain->forward(x, true).pow(2).mean().backward();
-  for (auto& p : plain->parameters()) {
-    if (!p.grad().defined()) continue;
-    comm->all_reduce(p.mutable_grad());
-    p.mutable_grad().div_(comm->size());
-  }
+  average_defined_grads(*plain, *comm);
   for (const auto& p : plain->named_parameters()) {
     const torch::Tensor mine = model->named_parameters()[p.key()].grad();
     if (p.key().rfind("unused.", 0) == 0) {
@@ -434,11 +430,7 @@ TEST(DDPUnused, EachBackwardRecordsItsOwnUsedParameters) {
       for (auto& p : (*m)->parameters()) p.mutable_grad() = torch::Tensor();
     model->forward(x, use_sometimes).pow(2).mean().backward();
     plain->forward(x, use_sometimes).pow(2).mean().backward();
-    for (auto& p : plain->parameters()) {
-      if (!p.grad().defined()) continue;
-      comm->all_reduce(p.mutable_grad());
-      p.mutable_grad().div_(comm->size());
-    }
+    average_defined_grads(*plain, *comm);
     for (const auto& p : plain->named_parameters()) {
       const torch::Tensor mine = model->named_parameters()[p.key()].grad();
       EXPECT_EQ(OBSERVE(mine.defined()), p.value().grad().defined())

@@ -227,6 +227,16 @@ inline float ddp_step(GPT& model, torch::optim::Optimizer& opt, const torch::Ten
   return loss.item<float>();
 }
 
+// Lab 02's naive averaging: each defined gradient of `module` all-reduced on its own and divided
+// by the world size; parameters without a gradient are skipped (they take no part).
+inline void average_defined_grads(torch::nn::Module& module, Comm& comm) {
+  for (auto& p : module.parameters()) {
+    if (!p.grad().defined()) continue;
+    comm.all_reduce(p.mutable_grad());
+    p.mutable_grad().div_(comm.size());
+  }
+}
+
 // The oracle of DDP's gradients: a plain model(cfg) after backward on this rank's `rows`, each
 // gradient all-reduced on its own and divided by the world size (lab 02's naive averaging), on a
 // Comm of its own so that the Comm under test counts nothing of it.
@@ -235,10 +245,7 @@ inline GPT naive_averaged(const GPTConfig& cfg, const torch::Tensor& rows) {
   GPT naive(cfg);
   naive->to(device());
   naive->loss(rows).backward();
-  for (auto& p : naive->parameters()) {
-    comm->all_reduce(p.mutable_grad());
-    p.mutable_grad().div_(comm->size());
-  }
+  average_defined_grads(*naive, *comm);
   return naive;
 }
 
