@@ -125,18 +125,28 @@ TEST(VerifyModel, AFrozenParameterOnOneRankIsADifference) {
 
 // ---------------------------------------------------------------- Task 3: construction
 
-TEST(DDPConstruction, BroadcastsRankZerosWeights) {
+// Rank 0's whole state wins: parameters and buffers (running statistics, step counters), of
+// every dtype. A rank whose buffers kept their own values would train a different model.
+TEST(DDPConstruction, BroadcastsRankZerosParametersAndBuffers) {
   auto comm = fresh_comm();
   GPT model(GPTConfig::tiny());
   const torch::Tensor rank0 = flat_params(*model);  // every rank builds the same init...
+  torch::Tensor stats = model->register_buffer("stats", torch::arange(3, torch::kFloat32));
+  torch::Tensor steps = model->register_buffer("steps", torch::full({2}, int64_t{7}));
   {
     torch::NoGradGuard no_grad;  // ...and then drifts: only rank 0's values must survive
     for (auto& p : model->parameters()) p.add_(0.5 * comm->rank());
+    stats.add_(comm->rank());
+    steps.add_(comm->rank());
   }
   model->to(device());
   DistributedDataParallel ddp(model.ptr(), *comm);
   DTL_EXPECT_CLOSE(flat_params(*model).cpu(), rank0, 0, 0);
   DTL_EXPECT_SAME_ON_ALL_RANKS(flat_params(*model));
+  DTL_EXPECT_EQUAL(model->named_buffers()["stats"].cpu(), torch::arange(3, torch::kFloat32))
+      << "a float buffer keeps rank 0's values";
+  DTL_EXPECT_EQUAL(model->named_buffers()["steps"].cpu(), torch::full({2}, int64_t{7}))
+      << "an int64 buffer too";
   EXPECT_EQ(MEASURED(comm->stats())[OpType::AllReduce].count, 0)
       << "construction issues no all-reduce";
 }
@@ -469,6 +479,42 @@ TEST(DDPUnused, GradientsSetAsideSurviveTheNextBackward) {
     if (!values[i].defined()) continue;
     EXPECT_TRUE(OBSERVE(torch::equal(kept[i], values[i])))
         << ddp.parameter_names()[i] << ": the first backward's gradient changed in the second";
+  }
+}
+
+// The end-to-end property: AdamW training in which a branch is taken on some steps only equals
+// serial training on the whole batch. On a step where nobody used `sometimes`, serial training
+// leaves it without a gradient and AdamW skips it (no decay, no momentum); a zero gradient
+// instead would move it. Every rank replays the serial run on all ranks' inputs.
+TEST(DDPUnused, TrainingWithABranchTakenOnSomeStepsMatchesSerial) {
+  auto comm = fresh_comm();
+  const int n = comm->size();
+  const std::vector<bool> takes_branch = {true, false, true, true, false, false};
+  auto input = [&](size_t step, int rank) {
+    torch::manual_seed(static_cast<uint64_t>(500 + 10 * step + rank));
+    return torch::randn({4, 6}, device());
+  };
+  Branchy model, serial;
+  model->to(device());
+  serial->to(device());
+  DistributedDataParallel ddp(model.ptr(), *comm, caps(4, 100, /*find_unused_parameters=*/true));
+  auto opt = dtl::make_adamw(ddp.parameters(), ddp_adamw());
+  auto serial_opt = dtl::make_adamw(*serial, ddp_adamw());
+  for (size_t step = 0; step < takes_branch.size(); ++step) {
+    for (auto* m : {&model, &serial})
+      for (auto& p : (*m)->parameters()) p.mutable_grad() = torch::Tensor();
+    model->forward(input(step, comm->rank()), takes_branch[step]).pow(2).mean().backward();
+    opt->step();
+    torch::Tensor total = torch::zeros({}, device());
+    for (int r = 0; r < n; ++r)
+      total = total + serial->forward(input(step, r), takes_branch[step]).pow(2).mean();
+    (total / n).backward();
+    serial_opt->step();
+    for (const auto& p : serial->named_parameters()) {
+      DTL_EXPECT_CLOSE(model->named_parameters()[p.key()], p.value(), 1e-5, 1e-6)
+          << p.key() << " after step " << step
+          << (takes_branch[step] ? "" : " (a step that did not take the branch)");
+    }
   }
 }
 
