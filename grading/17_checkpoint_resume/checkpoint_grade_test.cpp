@@ -1,8 +1,8 @@
 // Grading tests of lab 17 (hidden from students until the due date). They check nothing the
 // header does not promise: every dtype of the safetensors names, every world size to every
-// other, more kinds of damage (and verify_checksums off), keep_last 1 and re-saving a step
-// `latest` does not name, a longer exact resume, an async save whose error reaches wait() on
-// every rank, and a job killed on 4 ranks and restarted on 2.
+// other (flat ranges, and boxes of a 3-D tensor), more kinds of damage (and verify_checksums
+// off), keep_last 1 and re-saving a step `latest` does not name, a longer exact resume, an async
+// save whose error reaches wait() on every rank, and a job killed on 4 ranks and restarted on 2.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -132,6 +132,60 @@ TEST(GradeLoad, EveryWorldSizeToEveryOther) {
         if (k == m) bytes += static_cast<int64_t>(into.per_rank[0].value.nbytes());
         EXPECT_EQ(res.payload_bytes_read, bytes) << k << " -> " << m;
       });
+    }
+  }
+}
+
+// Boxes of a 3-D float32 tensor and a 2-D bfloat16 one, in three layouts (boxes split on two
+// dimensions, boxes split on dim 0 with an empty box at 4 ranks, flat ranges), saved by k ranks
+// and loaded in every layout by m ranks, for every k and m up to the world size. Each saving
+// rank's shard holds its boxes as plain safetensors entries: the box's shape, its bytes.
+TEST(GradeLoad, BoxesOfEveryLayoutEveryWorldSizeToEveryOther) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  const torch::Tensor t = seeded({3, 5, 4}, 1701), h = seeded({7, 3}, 1702, torch::kBFloat16);
+  auto layout = [&](int kind, int rank, int ranks) {
+    Snapshot s;
+    s.step = 4;
+    if (kind == 0)
+      s.sharded = {dp_tp_piece("t", t, 2, 1, rank, ranks), dp_tp_piece("h", h, 1, 0, rank, ranks)};
+    else if (kind == 1)
+      s.sharded = {tp_piece("t", t, 0, ranks, rank), tp_piece("h", h, 0, ranks, rank)};
+    else
+      s.sharded = {flat_piece("t", t, rank, ranks), flat_piece("h", h, rank, ranks)};
+    return s;
+  };
+  const char* names[] = {"boxes on two dims", "boxes on dim 0", "flat ranges"};
+  for (int k = 1; k <= n; ++k) {
+    for (int saved = 0; saved < 3; ++saved) {
+      ScratchDir root(*comm);
+      on_sub(*comm, comm->split(r < k ? 0 : -1, r), [&](Comm& saver) {
+        const Snapshot mine = layout(saved, r, k);
+        save(root.path(), mine, saver);
+        const std::string path = root / fmt::format("step-00000004/shard-{:05d}-of-{:05d}.safetensors", r, k);
+        const ShardHeader raw = read_shard_header(path);
+        const ShardHeader hdr = observed(raw);
+        for (const auto& piece : mine.sharded) {
+          ASSERT_EQ(hdr.tensors.count(piece.name), 1u) << path;
+          EXPECT_EQ(hdr.tensors.at(piece.name).shape, piece.local.sizes().vec()) << path << ": " << piece.name;
+          torch::Tensor back = torch::empty(piece.local.sizes(), piece.local.options().device(torch::kCPU));
+          read_bytes(path, raw.data_start + raw.tensors.at(piece.name).begin, back);
+          DTL_EXPECT_EQUAL(back, piece.local.cpu()) << path << ": " << piece.name << " holds its piece's bytes";
+        }
+      });
+      for (int m = 1; m <= n; ++m) {
+        on_sub(*comm, comm->split(r < m ? 0 : -1, r), [&](Comm& sub) {
+          for (int loaded = 0; loaded < 3; ++loaded) {
+            const Snapshot want = layout(loaded, r, m);
+            Snapshot into = zeros_like_pieces(want);
+            const LoadResult res = observed(load_resharding(root.path(), into, sub), root.path());
+            const std::string what = fmt::format("{} on {} ranks, loaded as {} on {}", names[saved],
+                                                 k, names[loaded], m);
+            const int64_t bytes = expect_same_slices(into, want, what);
+            EXPECT_EQ(res.payload_bytes_read, bytes) << what;
+          }
+        });
+      }
     }
   }
 }

@@ -53,6 +53,9 @@ std::string save(const std::string& root, const Snapshot& snapshot, Comm& comm,
                  const SaveOptions& options) {
   // TODO(lab17): Task 2. The three phases of checkpoint.hpp. Rank 0 needs every rank's file
   // name, size, CRC and chunks: all_gather_strings carries a JSON string per rank.
+  //  - A chunk is flat ({"file", "offset", "numel"}) or a box ({"file", "box_offset",
+  //    "box_shape"}), as the piece is. A malformed box must fail the save on every rank: where
+  //    do you check it so that the others hear of it?
   //  - Which order of fsync and rename makes "whole or invisible" true after a power cut?
   //  - A rank that fails must not leave the others waiting in a collective: how do the ranks
   //    agree that the save failed?
@@ -65,10 +68,15 @@ std::string save(const std::string& root, const Snapshot& snapshot, Comm& comm,
 
 LoadResult load(const std::string& root, Snapshot& into, Comm& comm, const LoadOptions& options) {
   // TODO(lab17): Task 3. Validate everything before reading data (the header lists the checks
-  // and their words); then, for each wanted range [offset, offset + numel), the overlap with
-  // each saved chunk: which bytes of which file?
+  // and their words); then, for each wanted piece (a flat range or a box), the overlap with
+  // each saved chunk (flat or box): which bytes of which file?
+  //  - Two flat ranges overlap in one range: one read. With a box on either side, think in
+  //    boxes: a flat range [a, b) of a row-major N-D tensor is at most 2N-1 boxes, each
+  //    contiguous in memory (the rest of a row, whole rows, ...); two boxes meet in a box.
+  //  - That box is contiguous in the file only run by run: which dimensions can one read span,
+  //    and where does each run start in the saved chunk and in your local?
   //  - Which checks give the same answer on every rank without talking, and which need the
-  //    ranks to share a verdict?
+  //    ranks to share a verdict? (A malformed box is known to its rank alone.)
   //  - With verify_checksums, each file is read whole exactly once in the whole job: by whom?
   (void)root, (void)into, (void)comm, (void)options;
   DTL_UNIMPLEMENTED("lab 17: load (Task 3)");

@@ -188,14 +188,27 @@ void read_bytes(const std::string& path, int64_t offset, const torch::Tensor& ds
 
 // ---------------------------------------------------------------- what a checkpoint holds
 
-// A tensor split across the ranks: this rank holds elements [offset, offset + local.numel())
-// of the flattened global tensor (shape global_shape). Every rank lists the same names in the
-// same order; the ranks' ranges of a name are disjoint and cover the tensor.
+// A tensor split across the ranks: this rank's piece of the global tensor (shape global_shape)
+// is one of two forms.
+//   flat (box_offset empty): elements [offset, offset + local.numel()) of the row-major
+//     flattened tensor; local is 1-D. What data parallelism and ZeRO split (lab 14).
+//   box (box_offset not empty): the N-D box that starts at box_offset[d] and spans
+//     local.size(d) in each dimension d of the N = global_shape.size(); local has the box's
+//     shape (any strides, any device; written contiguous); offset is unused. What tensor
+//     parallelism splits: a row-parallel weight [out, in] split on dim 1 gives each rank the
+//     columns [c, c + k) of every row, which is no contiguous range of the flattened tensor.
+// Every rank lists the same names in the same order; the ranks' pieces of a name (flat or box,
+// mixed as they come) are disjoint and cover the tensor. A box whose box_offset does not have
+// one entry per dimension, whose local has another number of dimensions, or that does not fit
+// inside the tensor (an offset < 0, box_offset[d] + local.size(d) > global_shape[d]) raises
+// dtl::Error in save and load, on every rank ("box"); so does a flat range outside the tensor.
 struct ShardedTensor {
   std::string name;
   std::vector<int64_t> global_shape;
-  int64_t offset = 0;
-  torch::Tensor local;  // 1-D, contiguous, on any device
+  int64_t offset = 0;                    // flat form only
+  torch::Tensor local;                   // flat: 1-D; box: the box's shape
+  std::vector<int64_t> box_offset = {};  // empty: the flat form. (The "= {}" lets the four-field
+                                         // {name, global_shape, offset, local} stay warning-free.)
 };
 // A tensor that belongs to one rank (its random generator's state): saved in that rank's
 // shard, restored only into the same rank of a job of the same world size.
@@ -221,7 +234,8 @@ struct SaveOptions {
 // ROOT/step-%08d (Snapshot::step) so that it is either whole or invisible:
 //   1. into ROOT/.tmp-step-%08d (rank 0 creates it, removing a stale one), each rank its
 //      shard shard-%05d-of-%05d.safetensors (rank, world size) holding its sharded tensors
-//      (under their names) and its per-rank tensors (under "rank/" + name), synced;
+//      (under their names: a flat piece 1-D, a box with the box's shape) and its per-rank
+//      tensors (under "rank/" + name), synced;
 //      fault_point("shard", step);
 //   2. rank 0 writes manifest.json, syncs it and the directory; fault_point("commit", step);
 //      renames the directory to ROOT/step-%08d and syncs ROOT; then replaces ROOT/latest
@@ -233,7 +247,11 @@ struct SaveOptions {
 //    "counters": {"optimizer_step": 12, ...},
 //    "tensors": {"<name>": {"shape": [64, 32], "dtype": "F32",
 //                           "chunks": [{"file": "shard-00000-of-00004.safetensors",
-//                                       "offset": 0, "numel": 512}, ...]}},   // by offset
+//                                       "offset": 0, "numel": 512}, ...]},    // flat pieces
+//                "<tp name>": {"shape": [64, 32], "dtype": "F32",
+//                              "chunks": [{"file": "shard-00001-of-00004.safetensors",
+//                                          "box_offset": [0, 16], "box_shape": [64, 16]}, ...]}},
+//    // one chunk per rank whose piece holds elements, in rank order; flat and box chunks may mix
 //    "per_rank": ["rng/cpu", ...],
 //    "files": {"shard-00000-of-00004.safetensors": {"rank": 0, "bytes": 4424,
 //                                                   "crc32": 3735928559}, ...}}
@@ -262,17 +280,19 @@ struct LoadResult {
 };
 
 // Collective over comm. Fills `into` in place from a checkpoint: `into` says which tensors
-// (names, global shapes, dtypes of the locals) and which range of each this rank wants; the
-// local tensors receive exactly those elements (any device). step and counters are set from
+// (names, global shapes, dtypes of the locals) and which piece of each (a flat range or a box)
+// this rank wants; the local tensors receive exactly those elements (any device), whatever
+// world size and whichever pieces (flat or box) saved them. step and counters are set from
 // the manifest; the per-rank tensors are filled only when the world size is the same (else
 // they are left as they are). Each rank reads, of the tensor data, only the bytes of its
-// ranges: payload_bytes_read == the sum of its locals' nbytes() (plus the per-rank tensors at
+// pieces: payload_bytes_read == the sum of its locals' nbytes() (plus the per-rank tensors at
 // the same world size). With verify_checksums each file is read whole once, by one rank.
 // Raises dtl::Error on every rank, naming the file, when:
 //   there is no checkpoint ("no checkpoint")             a listed file is missing ("missing")
 //   a file's size differs from the manifest ("truncated") a file's CRC differs ("checksum")
 //   a shard's header is not valid ("header", as read_shard_header)
 //   a tensor's name, shape or dtype differs from into's ("model")
+//   a box of into, or of the manifest, is malformed ("box", as ShardedTensor says)
 //   the world size differs and !allow_reshard ("world size")
 //   manifest.json is missing, not JSON, or lacks a key or value this format has ("manifest",
 //   and the key's name in quotes: 'tensors')

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -234,6 +235,132 @@ ShardHeader read_shard_header(const std::string& path) {
   return h;
 }
 
+// ---------------------------------------------------------------- pieces: flat ranges and boxes
+
+namespace {
+
+// A piece of a tensor, as a ShardedTensor or a manifest chunk describes it: a flat range
+// [offset, offset + numel) of the row-major flattened tensor, or a box (box_offset, box_shape).
+struct Piece {
+  std::vector<int64_t> box_offset, box_shape;  // empty: the flat range
+  int64_t offset = 0, numel = 0;
+  bool flat() const { return box_offset.empty(); }
+};
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Piece piece_of(const ShardedTensor& t) {
+  Piece p{t.box_offset, {}, t.offset, t.local.numel()};
+  if (!p.flat()) p.box_shape = t.local.sizes().vec();
+  return p;
+}
+
+// A piece lies inside the tensor, and a box names every dimension: checked before anything is
+// written or read, so that a wrong box is an error and not someone else's elements.
+void check_piece(const Piece& p, const std::vector<int64_t>& shape, const std::string& what) {
+  if (p.flat()) {
+    DTL_CHECK(p.offset >= 0 && p.offset + p.numel <= numel_of(shape),
+              fmt::format("{}: the range [{}, {}) is outside the tensor's {} elements", what,
+                          p.offset, p.offset + p.numel, numel_of(shape)));
+    return;
+  }
+  DTL_CHECK(p.box_offset.size() == shape.size() && p.box_shape.size() == shape.size(),
+            fmt::format("{}: a box of offset {} and shape {} in a tensor of {} dimensions (one "
+                        "entry per dimension)", what, json(p.box_offset).dump(),
+                        json(p.box_shape).dump(), shape.size()));
+  for (size_t d = 0; d < shape.size(); ++d)
+    DTL_CHECK(p.box_offset[d] >= 0 && p.box_shape[d] >= 0 &&
+                  p.box_offset[d] + p.box_shape[d] <= shape[d],
+              fmt::format("{}: the box of offset {} and shape {} does not fit inside the shape {}",
+                          what, json(p.box_offset).dump(), json(p.box_shape).dump(),
+                          json(shape).dump()));
+}
+
+// A box of the tensor whose elements a piece stores row-major, back to back, from element
+// `base` of its buffer.
+struct Part {
+  std::vector<int64_t> lo, size;  // [lo[d], lo[d] + size[d]) in each dimension d
+  int64_t base = 0;
+};
+
+// A flat range [begin, end) of a row-major tensor is a union of at most 2N-1 boxes, each
+// contiguous in memory: the rest of a row, whole rows, the rest of a plane, whole planes, ...
+// then back down. Each step takes the outermost dimension d whose blocks (stride[d] elements)
+// start at `at` and fit before `end`, and as many of them as fit.
+std::vector<Part> flat_parts(const std::vector<int64_t>& shape, int64_t begin, int64_t end) {
+  const size_t n = shape.size();
+  std::vector<int64_t> stride(n, 1);
+  for (size_t d = n - 1; d-- > 0;) stride[d] = stride[d + 1] * shape[d + 1];
+  std::vector<Part> parts;
+  for (int64_t at = begin; at < end;) {
+    size_t d = 0;
+    while (at % stride[d] != 0 || end - at < stride[d]) ++d;  // stride[n - 1] == 1 stops it
+    Part p;
+    p.base = at - begin;
+    for (size_t i = 0; i < n; ++i) {
+      p.lo.push_back(at / stride[i] % shape[i]);
+      p.size.push_back(i < d ? 1 : shape[i]);
+    }
+    p.size[d] = std::min((end - at) / stride[d], shape[d] - p.lo[d]);
+    parts.push_back(p);
+    at += p.size[d] * stride[d];
+  }
+  return parts;
+}
+
+// A piece's parts in `view` (the tensor's shape; {numel} when only flat pieces meet).
+std::vector<Part> parts_of(const Piece& p, const std::vector<int64_t>& view) {
+  if (p.flat()) return flat_parts(view, p.offset, p.offset + p.numel);
+  return {Part{p.box_offset, p.box_shape, 0}};
+}
+
+// The box two parts share (size 0 in some dimension when none).
+Part intersect(const Part& a, const Part& b) {
+  Part o;
+  for (size_t d = 0; d < a.lo.size(); ++d) {
+    o.lo.push_back(std::max(a.lo[d], b.lo[d]));
+    const int64_t hi = std::min(a.lo[d] + a.size[d], b.lo[d] + b.size[d]);
+    o.size.push_back(std::max<int64_t>(0, hi - o.lo[d]));
+  }
+  return o;
+}
+
+// Reads the box `o` (inside both parts) from the saved part, whose piece starts at byte `at` of
+// `path`, into the wanted part of `host` (1-D, contiguous): one read per run. The trailing
+// dimensions that `o` spans whole in both parts are contiguous in the file and in host alike,
+// so they join the last partial one (a whole tensor is one run, a column block one per row).
+void read_box(const std::string& path, int64_t at, const Part& saved, const Part& want,
+              const Part& o, const torch::Tensor& host) {
+  const size_t n = o.lo.size();
+  size_t k = n - 1;
+  while (k > 0 && o.size[k] == saved.size[k] && o.size[k] == want.size[k]) --k;
+  int64_t run = 1;
+  for (size_t d = k; d < n; ++d) run *= o.size[d];
+  const int64_t esize = static_cast<int64_t>(host.element_size());
+  std::vector<int64_t> idx = o.lo;  // the run's first element, in the tensor's coordinates
+  for (;;) {
+    int64_t s = 0, w = 0;  // its row-major position in the saved part and in the wanted part
+    for (size_t d = 0; d < n; ++d) {
+      s = s * saved.size[d] + (idx[d] - saved.lo[d]);
+      w = w * want.size[d] + (idx[d] - want.lo[d]);
+    }
+    read_bytes(path, at + (saved.base + s) * esize, host.narrow(0, want.base + w, run));
+    // The next run: count through the dimensions before k like an odometer; done when it wraps.
+    size_t d = k;
+    for (; d > 0; --d) {
+      if (++idx[d - 1] < o.lo[d - 1] + o.size[d - 1]) break;
+      idx[d - 1] = o.lo[d - 1];
+    }
+    if (d == 0) return;
+  }
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- Task 2: save
 
 std::string latest(const std::string& root) {
@@ -270,16 +397,27 @@ std::string save(const std::string& root, const Snapshot& s, Comm& comm, const S
     std::map<std::string, std::string> meta = {{"rank", std::to_string(rank)},
                                                {"world_size", std::to_string(n)}};
     for (const auto& t : s.sharded) {
+      check_piece(piece_of(t), t.global_shape,
+                  fmt::format("save: rank {}: tensor '{}'", rank, t.name));
+      // A box goes in with its own shape (write_shard writes local's), so the file describes it.
       entries.push_back({t.name, t.local});
-      meta["offset/" + t.name] = std::to_string(t.offset);
+      if (t.box_offset.empty())
+        meta["offset/" + t.name] = std::to_string(t.offset);
+      else
+        meta["box_offset/" + t.name] = json(t.box_offset).dump();
     }
     for (const auto& t : s.per_rank) entries.push_back({"rank/" + t.name, t.value});
     const FileInfo info = write_shard((tmp / shard_name(rank, n)).string(), entries, meta);
     mine = {{"file", info.file}, {"bytes", info.bytes}, {"crc32", info.crc32}, {"chunks", json::array()}};
-    for (const auto& t : s.sharded)
-      mine["chunks"].push_back({{"name", t.name}, {"offset", t.offset}, {"numel", t.local.numel()},
-                                {"dtype", safetensors_dtype(t.local.scalar_type())},
-                                {"shape", t.global_shape}});
+    for (const auto& t : s.sharded) {
+      json c = {{"name", t.name}, {"numel", t.local.numel()},
+                {"dtype", safetensors_dtype(t.local.scalar_type())}, {"shape", t.global_shape}};
+      if (t.box_offset.empty())
+        c["offset"] = t.offset;
+      else
+        c.update({{"box_offset", t.box_offset}, {"box_shape", t.local.sizes().vec()}});
+      mine["chunks"].push_back(c);
+    }
   } catch (const std::exception& e) {
     mine = {{"error", e.what()}};
   }
@@ -304,7 +442,10 @@ std::string save(const std::string& root, const Snapshot& s, Comm& comm, const S
           json& t = manifest["tensors"][c["name"].get<std::string>()];
           t["shape"] = c["shape"];
           t["dtype"] = c["dtype"];
-          if (c["numel"].get<int64_t>() > 0)
+          if (c["numel"].get<int64_t>() > 0 && c.contains("box_offset"))
+            t["chunks"].push_back({{"file", f["file"]}, {"box_offset", c["box_offset"]},
+                                   {"box_shape", c["box_shape"]}});
+          else if (c["numel"].get<int64_t>() > 0)
             t["chunks"].push_back({{"file", f["file"]}, {"offset", c["offset"]}, {"numel", c["numel"]}});
           else if (!t.contains("chunks"))
             t["chunks"] = json::array();
@@ -392,34 +533,37 @@ LoadResult load_unchecked(const std::string& root, Snapshot& into, Comm& comm,
     files.push_back(file);
   }
 
-  // Checksums: each file read whole once, by rank (its index mod m); the verdicts are shared.
+  // Checksums: each file read whole once, by rank (its index mod m). This rank's own pieces are
+  // checked here too: only it knows them, so its verdict travels with the others'.
   std::string error;
-  if (options.verify_checksums) {
-    try {
-      for (size_t i = static_cast<size_t>(rank); i < files.size(); i += static_cast<size_t>(m)) {
-        const std::string path = (dir / files[i]).string();
-        torch::Tensor buf = torch::empty({1 << 20}, torch::kUInt8);
-        const int64_t size = file_size(path);
-        uint32_t crc = 0;
-        for (int64_t at = 0; at < size; at += buf.numel()) {
-          torch::Tensor part = buf.narrow(0, 0, std::min<int64_t>(buf.numel(), size - at));
-          read_bytes(path, at, part);
-          crc = crc32(part.data_ptr(), part.nbytes(), crc);
-        }
-        const auto want = manifest.at("files").at(files[i]).at("crc32").get<uint32_t>();
-        DTL_CHECK(crc == want, fmt::format("load: {} fails its checksum: CRC-32 {} but the "
-                                           "manifest says {} (the file is corrupted)", path, crc, want));
+  try {
+    for (const auto& t : into.sharded)
+      check_piece(piece_of(t), t.global_shape,
+                  fmt::format("load: rank {}: tensor '{}'", rank, t.name));
+    for (size_t i = static_cast<size_t>(rank); options.verify_checksums && i < files.size();
+         i += static_cast<size_t>(m)) {
+      const std::string path = (dir / files[i]).string();
+      torch::Tensor buf = torch::empty({1 << 20}, torch::kUInt8);
+      const int64_t size = file_size(path);
+      uint32_t crc = 0;
+      for (int64_t at = 0; at < size; at += buf.numel()) {
+        torch::Tensor part = buf.narrow(0, 0, std::min<int64_t>(buf.numel(), size - at));
+        read_bytes(path, at, part);
+        crc = crc32(part.data_ptr(), part.nbytes(), crc);
       }
-    } catch (const json::exception& e) {
-      error = fmt::format("load: {}: the manifest lacks a key or holds a wrong value: {}",
-                          manifest_path, e.what());
-    } catch (const std::exception& e) {
-      error = e.what();
+      const auto want = manifest.at("files").at(files[i]).at("crc32").get<uint32_t>();
+      DTL_CHECK(crc == want, fmt::format("load: {} fails its checksum: CRC-32 {} but the "
+                                         "manifest says {} (the file is corrupted)", path, crc, want));
     }
+  } catch (const json::exception& e) {
+    error = fmt::format("load: {}: the manifest lacks a key or holds a wrong value: {}",
+                        manifest_path, e.what());
+  } catch (const std::exception& e) {
+    error = e.what();
   }
   raise_if_any(comm, error);
 
-  // The data: for each wanted range, the overlapping part of each saved chunk, and only that.
+  // The data: for each wanted piece, the part of each saved chunk it overlaps, and only that.
   std::map<std::string, ShardHeader> headers;  // each file's header, read once
   auto header_of = [&](const std::string& file) -> const ShardHeader& {
     auto it = headers.find(file);
@@ -428,29 +572,52 @@ LoadResult load_unchecked(const std::string& root, Snapshot& into, Comm& comm,
   };
   try {
     for (auto& t : into.sharded) {
-      const int64_t begin = t.offset, end = t.offset + t.local.numel();
+      const Piece want = piece_of(t);
       const int64_t esize = static_cast<int64_t>(t.local.element_size());
-      torch::Tensor host = torch::empty({t.local.numel()}, t.local.options().device(torch::kCPU));
+      torch::Tensor host = torch::empty({want.numel}, t.local.options().device(torch::kCPU));
       int64_t covered = 0;
       for (const auto& c : tensors.at(t.name).at("chunks")) {
-        const int64_t cb = c.at("offset").get<int64_t>(), ce = cb + c.at("numel").get<int64_t>();
-        const int64_t lo = std::max(begin, cb), hi = std::min(end, ce);
-        if (lo >= hi) continue;
+        Piece saved;
+        if (c.contains("box_offset")) {
+          saved.box_offset = c.at("box_offset").get<std::vector<int64_t>>();
+          saved.box_shape = c.at("box_shape").get<std::vector<int64_t>>();
+          saved.numel = numel_of(saved.box_shape);
+        } else {
+          saved.offset = c.at("offset").get<int64_t>();
+          saved.numel = c.at("numel").get<int64_t>();
+        }
+        check_piece(saved, t.global_shape,
+                    fmt::format("load: {}: a chunk of tensor '{}'", manifest_path, t.name));
+        // Two flat ranges meet in one range of the flattened tensor (one read); a box on either
+        // side needs the tensor's dimensions. (A 0-D tensor has only the flat form.)
+        const std::vector<int64_t> view = (want.flat() && saved.flat()) || t.global_shape.empty()
+                                              ? std::vector<int64_t>{numel_of(t.global_shape)}
+                                              : t.global_shape;
+        std::vector<std::array<Part, 3>> reads;  // (saved part, wanted part, their overlap)
+        for (const Part& s : parts_of(saved, view))
+          for (const Part& w : parts_of(want, view)) {
+            const Part o = intersect(s, w);
+            if (numel_of(o.size) > 0) reads.push_back({s, w, o});
+          }
+        if (reads.empty()) continue;
         const std::string file = c.at("file").get<std::string>();
         const ShardHeader& h = header_of(file);
         auto e = h.tensors.find(t.name);
-        DTL_CHECK(e != h.tensors.end() && e->second.end - e->second.begin == (ce - cb) * esize,
+        DTL_CHECK(e != h.tensors.end() && e->second.end - e->second.begin == saved.numel * esize &&
+                      (saved.flat() || e->second.shape == saved.box_shape),
                   fmt::format("load: {}: its header does not list tensor '{}' as the manifest "
                               "says", (dir / file).string(), t.name));
-        read_bytes((dir / file).string(), h.data_start + e->second.begin + (lo - cb) * esize,
-                   host.narrow(0, lo - begin, hi - lo));
-        result.payload_bytes_read += (hi - lo) * esize;
-        covered += hi - lo;
+        for (const auto& [s, w, o] : reads) {
+          read_box((dir / file).string(), h.data_start + e->second.begin, s, w, o, host);
+          result.payload_bytes_read += numel_of(o.size) * esize;
+          covered += numel_of(o.size);
+        }
       }
-      DTL_CHECK(covered == end - begin,
-                fmt::format("load: {}: tensor '{}' elements [{}, {}) are in no chunk",
-                            manifest_path, t.name, begin, end));
-      t.local.copy_(host);
+      DTL_CHECK(covered == want.numel,
+                fmt::format("load: {}: the chunks of tensor '{}' hold {} of the {} elements this "
+                            "rank wants (a hole, or pieces saved twice)", manifest_path, t.name,
+                            covered, want.numel));
+      t.local.copy_(host.view(t.local.sizes()));
     }
     // This rank's own tensors only when the ranks are the same ranks.
     if (!result.resharded) {

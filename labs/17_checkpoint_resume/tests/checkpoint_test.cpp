@@ -299,6 +299,134 @@ TEST(Load, DamagedCheckpointsAreRejectedNamingTheFile) {
   }
 }
 
+// Tensor parallelism: a column-parallel weight (split on dim 0) and a row-parallel one (split
+// on dim 1: each rank holds columns of every row, no flat range) saved as boxes by tp =
+// min(2, n) ranks, then loaded whole (tp 1, on every rank) and in quarters (tp 4: each rank
+// loads quarter r, r + n, ... in turn). The manifest lists box chunks, each shard stores its box
+// with the box's shape, and each rank reads only the bytes of the box it wants.
+TEST(Load, TensorParallelBoxesLoadWholeAndInQuarters) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank(), tp = std::min(2, n);
+  const torch::Tensor col = seeded({10, 6}, 171), row = seeded({6, 10}, 172);
+  auto tp_snapshot = [&](int parts, int part) {
+    Snapshot s;
+    s.step = 1;
+    s.layout = fmt::format("tp{}", parts);
+    s.sharded = {tp_piece("col", col, 0, parts, part), tp_piece("row", row, 1, parts, part)};
+    return s;
+  };
+  ScratchDir root(*comm);
+  on_sub(*comm, comm->split(r < tp ? 0 : -1, r),
+         [&](Comm& sub) { save(root.path(), tp_snapshot(tp, r), sub); });
+
+  const std::string dir = root / "step-00000001";
+  const json m = json::parse(observed_file(dir + "/manifest.json"));
+  for (const auto& [name, dim] : std::vector<std::pair<std::string, int>>{{"col", 0}, {"row", 1}}) {
+    const json& chunks = m["tensors"][name]["chunks"];
+    ASSERT_EQ(chunks.size(), static_cast<size_t>(tp)) << name;
+    for (int q = 0; q < tp; ++q) {
+      const ShardedTensor piece = tp_piece(name, name == "col" ? col : row, dim, tp, q);
+      const std::string file = fmt::format("shard-{:05d}-of-{:05d}.safetensors", q, tp);
+      EXPECT_EQ(chunks[q], json({{"file", file}, {"box_offset", piece.box_offset},
+                                 {"box_shape", piece.local.sizes().vec()}}))
+          << name << ": chunk " << q << " is {file, box_offset, box_shape}";
+      // The shard is plain safetensors: the box under the tensor's name, with the box's shape.
+      const ShardHeader h = observed(read_shard_header(dir + "/" + file));
+      ASSERT_EQ(h.tensors.count(name), 1u) << file;
+      EXPECT_EQ(h.tensors.at(name).shape, piece.local.sizes().vec()) << file << ": " << name;
+    }
+  }
+
+  for (const int parts : {1, 4}) {
+    for (int round = 0; round == 0 || round * n < parts; ++round) {
+      const int part = (round * n + r) % parts;
+      const Snapshot want = tp_snapshot(parts, part);
+      Snapshot into = zeros_like_pieces(want);
+      const LoadResult res = observed(load_resharding(root.path(), into, *comm), root.path());
+      const int64_t bytes =
+          expect_same_slices(into, want, fmt::format("saved at tp {}, loaded at tp {}: part {}", tp, parts, part));
+      EXPECT_EQ(res.payload_bytes_read, bytes) << "tp " << parts << ", part " << part
+                                               << ": read exactly the box's bytes";
+    }
+  }
+}
+
+// dp x tp: two layouts of the same tensors, each saved by all n ranks and loaded in both by every
+// m in 1..n: ZeRO's flat ranges of every tensor, and boxes split on both dimensions (tp on one,
+// the tp part's ranks on the other; dp_tp_piece) with a flat bias beside them. Boxes load into
+// flat ranges and flat ranges into boxes, across world sizes, bit for bit.
+TEST(Load, DataTimesTensorParallelReshardsToFlatRangesAndBack) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  const torch::Tensor col = seeded({10, 6}, 173), row = seeded({6, 10}, 174), bias = seeded({10}, 175);
+  auto layout = [&](bool boxes, int rank, int ranks) {
+    Snapshot s;
+    s.step = 2;
+    s.layout = boxes ? "dp-tp" : "zero";
+    if (boxes)
+      s.sharded = {dp_tp_piece("col", col, 0, 1, rank, ranks), dp_tp_piece("row", row, 1, 0, rank, ranks)};
+    else
+      s.sharded = {flat_piece("col", col, rank, ranks), flat_piece("row", row, rank, ranks)};
+    s.sharded.push_back(flat_piece("bias", bias, rank, ranks));
+    return s;
+  };
+  for (const bool saved_boxes : {true, false}) {
+    ScratchDir root(*comm);
+    save(root.path(), layout(saved_boxes, r, n), *comm);
+    for (int m = 1; m <= n; ++m) {
+      on_sub(*comm, comm->split(r < m ? 0 : -1, r), [&](Comm& sub) {
+        for (const bool loaded_boxes : {false, true}) {
+          const Snapshot want = layout(loaded_boxes, r, m);
+          Snapshot into = zeros_like_pieces(want);
+          const LoadResult res = observed(load_resharding(root.path(), into, sub), root.path());
+          const std::string what = fmt::format("{} on {} ranks, loaded as {} on {}",
+                                               saved_boxes ? "dp x tp boxes" : "flat ranges", n,
+                                               loaded_boxes ? "dp x tp boxes" : "flat ranges", m);
+          const int64_t bytes = expect_same_slices(into, want, what);
+          EXPECT_EQ(res.payload_bytes_read, bytes) << what;
+        }
+      });
+    }
+  }
+}
+
+// A malformed box on one rank (the last) is refused on every rank, in save (nothing committed)
+// and in load, with the word "box".
+TEST(Load, MalformedBoxesAreRefusedOnEveryRank) {
+  auto comm = fresh_comm();
+  const int n = comm->size(), r = comm->rank();
+  const torch::Tensor w = seeded({4, 6}, 176);
+  auto good = [&] {
+    Snapshot s;
+    s.step = 1;
+    s.sharded = {tp_piece("w", w, 1, n, r)};
+    return s;
+  };
+  const std::vector<std::pair<std::string, std::function<void(ShardedTensor&)>>> faults = {
+      {"box_offset with one entry for 2 dimensions", [](ShardedTensor& t) { t.box_offset = {0}; }},
+      {"box_offset with three entries", [](ShardedTensor& t) { t.box_offset.push_back(0); }},
+      {"a negative offset", [](ShardedTensor& t) { t.box_offset[0] = -1; }},
+      {"a box past the end of dimension 1",
+       [](ShardedTensor& t) { t.box_offset[1] = 6 - t.local.size(1) + 1; }},
+      {"a 1-D local for a 2-D box", [](ShardedTensor& t) { t.local = t.local.reshape({-1}); }},
+  };
+  ScratchDir root(*comm);
+  for (const auto& [what, fault] : faults) {
+    Snapshot bad = good();
+    if (r == n - 1) fault(bad.sharded[0]);
+    const std::string msg = dtl::testing::error_of([&] { save(root.path(), bad, *comm); });
+    EXPECT_NE(msg.find("box"), std::string::npos) << "save, " << what << " on rank " << n - 1 << ": " << msg;
+    EXPECT_EQ(observed_path(latest(root.path()), root.path()), "") << what << ": nothing is committed";
+  }
+  save(root.path(), good(), *comm);
+  for (const auto& [what, fault] : faults) {
+    Snapshot into = zeros_like_pieces(good());
+    if (r == n - 1) fault(into.sharded[0]);
+    const std::string msg = dtl::testing::error_of([&] { load(root.path(), into, *comm); });
+    EXPECT_NE(msg.find("box"), std::string::npos) << "load, " << what << " on rank " << n - 1 << ": " << msg;
+  }
+}
+
 // ---------------------------------------------------------------- Task 4: exact resume
 
 // 6 steps straight == 3 steps, save, everything thrown away (new trainer, scrambled RNG), load,

@@ -82,6 +82,67 @@ inline Snapshot empty_like(const Snapshot& full_layout, int rank, int n) {
   return s;
 }
 
+// ---------------------------------------------------------------- pieces: flat ranges and boxes
+
+// A global tensor every rank builds alike from a seed: random values, so an element loaded into
+// the wrong place is a wrong value.
+inline torch::Tensor seeded(const std::vector<int64_t>& shape, uint64_t seed,
+                            torch::ScalarType dtype = torch::kFloat32) {
+  torch::Generator gen = at::detail::createCPUGenerator(seed);
+  return torch::randn(shape, gen, torch::kFloat64).mul(100).to(dtype);
+}
+
+// The box of `full` that is cut out by `cuts` (dimension, range), whole in the other
+// dimensions: a ShardedTensor in the box form holding a copy on the test device.
+inline ShardedTensor box_piece(const std::string& name, const torch::Tensor& full,
+                               const std::vector<std::pair<int64_t, dtl::Range>>& cuts) {
+  std::vector<int64_t> at(static_cast<size_t>(full.dim()), 0);
+  torch::Tensor t = full;
+  for (const auto& [dim, r] : cuts) {
+    at[static_cast<size_t>(dim)] = r.begin;
+    t = t.narrow(dim, r.begin, r.size());
+  }
+  return {name, full.sizes().vec(), 0, t.clone().to(device()), at};
+}
+
+// Part `part` of `parts` of dimension `dim` (split_range): a tensor-parallel shard. A linear
+// layer's weight is [out, in]: column-parallel splits dim 0 (its output features), row-parallel
+// dim 1 (its input features: a few columns of every row, no contiguous range).
+inline ShardedTensor tp_piece(const std::string& name, const torch::Tensor& full, int64_t dim,
+                              int parts, int part) {
+  return box_piece(name, full, {{dim, dtl::split_range(full.size(dim), parts, part)}});
+}
+
+// Rank `rank` of `n` in a dp x tp layout: tp = min(2, n) splits dimension tp_dim, and the ranks
+// of each tp part (rank % tp == part) split that part again on dp_dim. Uneven at n = 3: tp part
+// 0 is split in two, part 1 stays whole.
+inline ShardedTensor dp_tp_piece(const std::string& name, const torch::Tensor& full,
+                                 int64_t tp_dim, int64_t dp_dim, int rank, int n) {
+  const int tp = std::min(2, n), part = rank % tp, dp = (n - part + tp - 1) / tp;
+  return box_piece(name, full, {{tp_dim, dtl::split_range(full.size(tp_dim), tp, part)},
+                                {dp_dim, dtl::split_range(full.size(dp_dim), dp, rank / tp)}});
+}
+
+// The flat form: the range split_range(numel, n, rank) of the flattened tensor (ZeRO's slice).
+inline ShardedTensor flat_piece(const std::string& name, const torch::Tensor& full, int rank, int n) {
+  const dtl::Range r = dtl::split_range(full.numel(), n, rank);
+  return {name, full.sizes().vec(), r.begin,
+          full.reshape({-1}).narrow(0, r.begin, r.size()).clone().to(device())};
+}
+
+// A snapshot to load into: `want`'s pieces, zeros, 2-D boxes transposed in memory (a load
+// writes into any strides).
+inline Snapshot zeros_like_pieces(const Snapshot& want) {
+  Snapshot s = want;
+  s.counters.clear();
+  for (auto& t : s.sharded) {
+    const torch::Tensor& w = t.local;
+    t.local = t.box_offset.size() == 2 ? torch::zeros({w.size(1), w.size(0)}, w.options()).t()
+                                       : torch::zeros_like(w);
+  }
+  return s;
+}
+
 // Runs fn(sub) on the ranks of `sub` (the others have none and skip it), then every rank of
 // comm learns whether any rank raised, and all raise alike: a rank that left a test body early
 // would leave the others waiting in the next collective (a hang instead of a failure).
