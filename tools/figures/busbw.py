@@ -23,8 +23,9 @@ STYLE = {"ring": ("o", figlib.RANKS[0]), "recursive doubling": ("s", figlib.RANK
 def size_axis(ax, sizes):
     ax.set_xscale("log", base=2)
     ticks = [s for s in sizes]
-    ax.set_xticks(ticks, [figlib.human_bytes(s).replace(" ", "\u2009") for s in ticks],
-                  rotation=0, fontsize=7.5)
+    # Every other size labelled: the labels stay legible at the site's width.
+    ax.set_xticks(ticks, [figlib.human_bytes(s).replace(" ", "\u2009") if i % 2 == 0 else ""
+                          for i, s in enumerate(ticks)], rotation=0, fontsize=figlib.SMALL)
     ax.minorticks_off()
     ax.set_xlabel("message size")
 
@@ -32,7 +33,7 @@ def size_axis(ax, sizes):
 def ring(args):
     d = figlib.load(args.data)
     n, factor = d["ranks"], d["bus_factor"]
-    fig, (bw, tm) = plt.subplots(1, 2, figsize=(9.5, 3.6))
+    fig, (bw, tm) = plt.subplots(1, 2, figsize=(figlib.WIDTH, 3.4))
     sizes = []
     for a in d["algorithms"]:
         pts = a["points"]
@@ -51,38 +52,39 @@ def ring(args):
     bw.set_ylim(bottom=0)
     bw.set_title(f"bus bandwidth, {n} ranks", loc="left")
     tm.set_yscale("log")
-    tm.set_ylabel("time per all-reduce (µs, median of the slowest rank)")
-    tm.set_title("time: latency (alpha) on the left, bytes (beta) on the right", loc="left")
-    bw.legend(frameon=False, fontsize=8)
+    tm.set_ylabel("time per all-reduce (µs)\nmedian of the slowest rank")
+    tm.set_title("time: alpha (left), then bytes (beta)", loc="left")
+    bw.legend(frameon=False)
     fig.suptitle(f"All-reduce of {d['dtype']} ({d['op']}), {n} ranks over {d['backend']}",
-                 x=0.0, ha="left", fontsize=11, fontweight="bold")
+                 x=0.0, ha="left", fontsize=figlib.SUPTITLE, fontweight="bold")
     fig.tight_layout()
     figlib.save(fig, args.out, args.source or f"./lab run 03 -n {n} -- --json FILE",
-                measured=figlib.machine(n))
+                measured=figlib.machine(n),
+                quoted={k: d[k] for k in ("ranks", "backend", "dtype", "op", "bus_factor",
+                                          "wrong", "algorithms")})
 
 
 def topology(args):
     runs = [figlib.load(p) for p in args.data]
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.8 * len(runs), 3.6), squeeze=False,
+    fig, axes = plt.subplots(1, len(runs), figsize=(figlib.WIDTH, 3.6), squeeze=False,
                              sharey=False)
     for ax, d in zip(axes[0], runs):
         rows = d["rows"]
         x = [r["bytes"] for r in rows]
         ax.plot(x, [r["flat_busbw"] / 1e9 for r in rows], marker="o", color=figlib.RANKS[0],
-                label="flat ring (Comm::all_reduce)", linewidth=1.4, markersize=4)
+                label="flat ring\n(Comm::all_reduce)", linewidth=1.4, markersize=4)
         if all("hierarchical_busbw" in r for r in rows):
             ax.plot(x, [r["hierarchical_busbw"] / 1e9 for r in rows], marker="s",
                     color=figlib.RANKS[1], label="hierarchical (lab 07)", linewidth=1.4,
                     markersize=4)
         size_axis(ax, x)
         ax.set_ylim(bottom=0)
-        ax.set_ylabel("busbw (GB/s, in the hardware's time)")
+        ax.set_ylabel("busbw (GB/s, in the hardware's time)" if ax is axes[0][0] else "")
         net = d["network"].split(":")[0] if d["network"] else "no emulated network"
-        ax.set_title(f"{net}\n{d['nodes']} nodes x {d['ranks_per_node']} ranks", loc="left",
-                     fontsize=9)
-        ax.legend(frameon=False, fontsize=8)
-    fig.suptitle("Flat ring vs hierarchical all-reduce on an emulated two-node cluster", x=0.0,
-                 ha="left", fontsize=11, fontweight="bold")
+        ax.set_title(f"{net}\n{d['nodes']} nodes x {d['ranks_per_node']} ranks", loc="left")
+        ax.legend(frameon=False)
+    fig.suptitle("Flat ring vs hierarchical all-reduce, emulated two-node cluster", x=0.0,
+                 ha="left", fontsize=figlib.SUPTITLE, fontweight="bold")
     fig.tight_layout()
     n = runs[0]["ranks"]
     figlib.save(fig, args.out,

@@ -94,10 +94,10 @@ def main():
                 mpatches.Patch(color="#C44E52", label=f"pp group: activations flow ({pp} stages)"),
                 plt.Line2D([], [], color="#333333", linestyle=(0, (2, 2)),
                            label=f"dp group ({dp} replicas of the same cell)")]
-    fig.legend(handles=handles, loc="lower center", ncol=2, frameon=False, fontsize=7.5,
+    fig.legend(handles=handles, loc="lower center", ncol=2, frameon=False,
                bbox_to_anchor=(0.5, 0.02))
     fig.suptitle(f"{world} ranks as tp {tp} x cp {cp} x dp {dp} x pp {pp}\n(Megatron's order "
-                 f"{d['order']}, first fastest)", x=0.0, ha="left", fontsize=10.5,
+                 f"{d['order']}, first fastest)", x=0.0, ha="left", fontsize=figlib.SUPTITLE,
                  fontweight="bold")
     figlib.save(fig, args.out, args.source + " (the groups the run generated)")
 

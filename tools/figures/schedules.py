@@ -34,9 +34,9 @@ def gantt(ax, actions, p, span, unit, axis_span):
         ax.barh(a["rank"], width, left=start, height=0.8, color=colour, edgecolor="white",
                 linewidth=0.6, zorder=2)
         label = a["name"][1:]  # micro-batch (.chunk)
-        if width / (axis_span / unit) * 140 > len(label) + 1:  # ~140 characters across the axis
+        if width / (axis_span / unit) * 95 > len(label) + 1:  # ~95 characters across the axis
             ax.text(start + width / 2, a["rank"], label, ha="center", va="center",
-                    fontsize=6.5, color="white", zorder=3)
+                    fontsize=figlib.SMALL, color="white", zorder=3)
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_xlim(0, span / unit)
@@ -47,8 +47,8 @@ def gantt(ax, actions, p, span, unit, axis_span):
 def figure(data, which):
     p, m = data["p"], data["m"]
     schedules = data["schedules"]
-    fig, axes = plt.subplots(len(schedules), 1, figsize=(9, 1.0 + 1.05 * p * len(schedules) / 2.4),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(schedules), 1, squeeze=False,
+                             figsize=(figlib.WIDTH, 1.2 + 1.25 * p * len(schedules) / 2.4))
     if which == "model":
         unit = data["forward_ms"]
         spans = [s["simulated"]["makespan"] for s in schedules]
@@ -68,8 +68,8 @@ def figure(data, which):
             sim = s["simulated"]
             gantt(ax, sim["actions"], p, own_span, unit, span)
             peak = max(sim["peak_in_flight"])
-            ax.set_title(f"{name}: bubble {100 * sim['bubble']:.1f}% (formula (p-1)/(vm+p-1) = "
-                         f"{100 * s['formula']:.1f}%), up to {peak} micro-batch chunks in flight",
+            ax.set_title(f"{name}: bubble {100 * sim['bubble']:.1f}% ((p-1)/(vm+p-1) = "
+                         f"{100 * s['formula']:.1f}%), up to {peak} chunks in flight",
                          loc="left")
         else:
             meas = s["measured"]
@@ -85,10 +85,10 @@ def figure(data, which):
         handles += [mpatches.Patch(color=LIGHT_FORWARD, label="forward, chunk 1"),
                     mpatches.Patch(color=LIGHT_BACKWARD, label="backward, chunk 1")]
     handles.append(mpatches.Patch(color=figlib.IDLE, label="idle: the bubble"))
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False,
+    fig.legend(handles=handles, loc="upper center", ncol=min(3, len(handles)), frameon=False,
                bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(f"Pipeline schedules: p = {p} ranks, m = {m} micro-batches", x=0.0, ha="left",
-                 y=1.02, fontsize=11, fontweight="bold")
+                 y=1.02, fontsize=figlib.SUPTITLE, fontweight="bold")
     fig.tight_layout()
     return fig
 
@@ -105,10 +105,16 @@ def main():
                     args.source + " (the simulation: forward 1, backward 2)")
     if args.measured:
         data = figlib.load(args.data)
+        quoted = {"p": data["p"], "m": data["m"], "schedules": [
+            {"title": TITLES.get(s["name"], s["name"]) + (f" v = {s['v']}" if s["v"] > 1 else ""),
+             "v": s["v"], "formula": s["formula"], "simulated": s["simulated"]["bubble"],
+             "measured": s["measured"]["bubble"], "simulated_ms": s["simulated"]["makespan"],
+             "measured_ms": s["measured"]["step_ms"],
+             "peak": max(s["simulated"]["peak_in_flight"])} for s in data["schedules"]]}
         figlib.save(figure(data, "measured"), args.measured,
                     args.source + f" (emulated compute: forward {data['forward_ms']:g} ms, "
                     f"backward {data['backward_ms']:g} ms per stage)",
-                    measured=figlib.machine(data["p"]))
+                    measured=figlib.machine(data["p"]), quoted=quoted)
 
 
 if __name__ == "__main__":

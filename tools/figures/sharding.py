@@ -30,7 +30,7 @@ def stacked(ax, names, parts, scale, unit):
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     top = max(bottoms)
     for i, b in enumerate(bottoms):
-        ax.text(i, b + 0.01 * top, f"{b:.3g} {unit}", ha="center", va="bottom", fontsize=7.5)
+        ax.text(i, b + 0.01 * top, f"{b:.3g} {unit}", ha="center", va="bottom", fontsize=figlib.SMALL)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylim(0, top * 1.15)
     return top
@@ -38,14 +38,13 @@ def stacked(ax, names, parts, scale, unit):
 
 def zero(args):
     d = figlib.load(args.data)
-    fig, (big, run) = plt.subplots(1, 2, figsize=(9.5, 3.7))
+    fig, (big, run) = plt.subplots(1, 2, figsize=(figlib.WIDTH, 3.9))
     at = d["at_scale"]
     stacked(big, [STAGE[s["stage"]] for s in at],
             [(lab, col, [s["bytes"][k] for s in at]) for k, lab, col in KINDS], 1e9, "GB")
     big.set_ylabel("GB per GPU")
     big.set_title(f"{at[0]['parameters'] / 1e9:g}B parameters on {at[0]['ranks']} GPUs,\n"
-                  "mixed-precision Adam (2 + 2 + 12 bytes per parameter)", loc="left",
-                  fontsize=9)
+                  "mixed-precision Adam\n(2 + 2 + 12 bytes per parameter)", loc="left")
     st = d["stages"]
     top = stacked(run, [STAGE[s["stage"]] for s in st],
                   [(lab, col, [s["predicted"][k] for s in st]) for k, lab, col in KINDS],
@@ -55,9 +54,9 @@ def zero(args):
     run.set_ylim(0, max(top, max(figlib.mib(s["held"]) for s in st)) * 1.15)
     run.set_ylabel("MiB per rank")
     run.set_title(f"this run: {d['parameters'] / 1e6:.2f}M parameters on {d['ranks']} ranks,\n"
-                  "float32 AdamW (4 + 4 + 8 bytes), after a step", loc="left", fontsize=9)
-    run.legend(frameon=False, fontsize=7.5, loc="upper right")
-    fig.suptitle("What each ZeRO stage keeps per rank", x=0.0, ha="left", fontsize=11,
+                  "float32 AdamW (4 + 4 + 8 bytes),\nafter a step", loc="left")
+    run.legend(frameon=False, loc="upper right")
+    fig.suptitle("What each ZeRO stage keeps per rank", x=0.0, ha="left", fontsize=figlib.SUPTITLE,
                  fontweight="bold")
     fig.tight_layout()
     figlib.save(fig, args.out, args.source or f"./lab run 14 -n {d['ranks']} -- --json FILE",
@@ -66,7 +65,8 @@ def zero(args):
 
 def fsdp(args):
     d = figlib.load(args.data)
-    fig, (big, run) = plt.subplots(1, 2, figsize=(10, 3.9), gridspec_kw={"width_ratios": [1, 1.3]})
+    fig, (big, run) = plt.subplots(1, 2, figsize=(figlib.WIDTH, 4.4),
+                                   gridspec_kw={"width_ratios": [1, 1.15]})
     at = d["at_scale"]
     ss = at["strategies"]
     parts = [("parameter shards", figlib.PARAMS, [s["params_sharded"] for s in ss]),
@@ -76,12 +76,15 @@ def fsdp(args):
     names = [s["name"].replace("_", "_\u200b") for s in ss]
     stacked(big, names, parts, 1e9, "GB")
     big.axhline(80, color="#C44E52", linestyle="--", linewidth=0.8)
-    big.text(len(ss) - 0.5, 80, "80 GB ", color="#C44E52", ha="right", va="bottom", fontsize=7.5)
+    big.text(len(ss) - 0.5, 80, "80 GB ", color="#C44E52", ha="right", va="bottom",
+             fontsize=figlib.SMALL)
     big.set_ylabel("GB of model state per GPU")
-    big.tick_params(axis="x", labelsize=7)
-    big.set_title(f"{at['parameters'] / 1e9:.2f}B parameters, {at['gpus']} GPUs "
-                  f"({at['gpus_per_node']} per node), mixed precision", loc="left", fontsize=9)
-    big.legend(frameon=False, fontsize=7, loc="upper right")
+    big.tick_params(axis="x", labelsize=figlib.SMALL, labelrotation=30)
+    for t in big.get_xticklabels():
+        t.set_ha("right")
+    big.set_title(f"{at['parameters'] / 1e9:.2f}B parameters, {at['gpus']} GPUs\n"
+                  f"({at['gpus_per_node']} per node), mixed precision", loc="left")
+    big.legend(frameon=False, fontsize=figlib.SMALL, loc="upper right")
     rows = d["rows"]
     x = range(len(rows))
     pred = [figlib.mib(r["predicted"]) if r["predicted"] >= 0 else 0 for r in rows]
@@ -93,12 +96,14 @@ def fsdp(args):
     for i, r in enumerate(rows):
         if r["predicted"] < 0:
             run.text(i - 0.19, 0, "-", ha="center", va="bottom", fontsize=8)
-    run.set_xticks(list(x), [r["name"].replace("_", "_\u200b") for r in rows], fontsize=7)
+    run.set_xticks(list(x), [r["name"].replace("_", "_\u200b") for r in rows],
+                   fontsize=figlib.SMALL, rotation=30, ha="right")
     run.set_ylabel("MiB per rank")
-    run.set_ylim(0, max(peak + pred) * 1.3)
-    run.set_title(f"this run: {figlib.short_model(d['model'])}, {d['ranks']} ranks", loc="left", fontsize=9)
-    run.legend(frameon=False, fontsize=7, loc="upper left")
-    fig.suptitle("What each FSDP strategy keeps per rank", x=0.0, ha="left", fontsize=11,
+    run.set_ylim(0, max(peak + pred) * 1.55)
+    run.set_title(f"this run, {d['ranks']} ranks:\n{figlib.short_model(d['model'])}", loc="left",
+                  fontsize=8)
+    run.legend(frameon=False, fontsize=figlib.SMALL, loc="upper left")
+    fig.suptitle("What each FSDP strategy keeps per rank", x=0.0, ha="left", fontsize=figlib.SUPTITLE,
                  fontweight="bold")
     fig.tight_layout()
     figlib.save(fig, args.out, args.source or f"./lab run 15 -n {d['ranks']} -- --json FILE",

@@ -34,16 +34,17 @@ def panel(ax, costs, cut, title, top):
                    edgecolor="white", linewidth=1.0)
             if h > 0.045 * top:
                 ax.text(s, bottom + h / 2, unit_name(u, n), ha="center", va="center",
-                        fontsize=7, color="white")
+                        fontsize=figlib.SMALL, color="white")
             bottom += h
         totals.append(bottom)
-        ax.text(s, bottom + 0.01 * top, f"{bottom:.2f}", ha="center", va="bottom", fontsize=7.5)
+        ax.text(s, bottom + 0.01 * top, f"{bottom:.2f}", ha="center", va="bottom",
+                fontsize=figlib.SMALL)
     mean = sum(totals) / len(totals)
     ax.axhline(mean, color="#333333", linestyle="--", linewidth=0.8)
-    ax.text(-0.45, mean, "mean ", va="bottom", ha="left", fontsize=7.5)
+    ax.text(-0.45, mean, "mean ", va="bottom", ha="left", fontsize=figlib.SMALL)
     ax.set_xticks(range(len(totals)), [f"stage {s}\n(rank {s})" for s in range(len(totals))])
     ax.set_ylim(0, top * 1.08)
-    ax.set_title(f"{title}: slowest / mean = {cut['imbalance']:.2f}", loc="left")
+    ax.set_title(f"{title}:\nslowest / mean = {cut['imbalance']:.2f}", loc="left")
 
 
 def main():
@@ -59,12 +60,12 @@ def main():
         return max(sum(costs[b:e]) for b, e in cut["parts"]) / 1e6
 
     top = max(stage_max(d["even"]), stage_max(d["balanced"]))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(figlib.WIDTH, 3.6), sharey=True)
     panel(axes[0], costs, d["even"], "even cut (by unit count)", top)
     panel(axes[1], costs, d["balanced"], "balanced cut (partition, by cost)", top)
     axes[0].set_ylabel("forward MFLOPs per token")
-    fig.suptitle(f"Stage split of a {figlib.short_model(d['model'])} over p = {d['p']} stages", x=0.0, ha="left",
-                 fontsize=11, fontweight="bold")
+    fig.suptitle(f"Stage split of a {figlib.short_model(d['model'])}\nover p = {d['p']} stages",
+                 x=0.0, ha="left", fontsize=figlib.SUPTITLE, fontweight="bold")
     fig.tight_layout()
     figlib.save(fig, args.out, args.source)
 

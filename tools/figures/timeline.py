@@ -22,6 +22,7 @@ import re
 
 import matplotlib.patches as mpatches
 
+import figdata
 import figlib
 from figlib import plt
 
@@ -86,8 +87,10 @@ def rows_of(events):
     return {k: i for i, k in enumerate(keys)}
 
 
-def draw(ax, events, lo, hi, rows=None, label_ops=True):
-    """Gantt of the events within [lo, hi] on ax; times in ms from lo."""
+def draw(ax, events, lo, hi, rows=None, label_ops=True, axis_span=None):
+    """Gantt of the events within [lo, hi] on ax; times in ms from lo; axis_span (s): the
+    axis's length when longer than hi - lo (panels on one time scale)."""
+    full = max(hi - lo, axis_span or 0.0)
     evs = [e for e in events if e["end"] > lo and e["start"] < hi]
     rows = rows or rows_of(evs)
     for (rank, track), y in rows.items():
@@ -107,12 +110,18 @@ def draw(ax, events, lo, hi, rows=None, label_ops=True):
             text = figlib.human_bytes(e["bytes"])
         if not comm and e["name"].startswith(("forward block", "forward root")):
             text = e["name"].replace("forward ", "").replace("block ", "b").replace(" (embed)", "").replace(" (head)", "")
-        if (label_ops or not comm) and w > (hi - lo) * 1e3 * 0.0105 * len(text):
-            ax.text(x + w / 2, y, text, ha="center", va="center", fontsize=6, color="white",
-                    zorder=3, clip_on=True)
+        # ~0.6 em per character of SMALL pt, on an axis about 6.2 in (450 pt) wide
+        if (label_ops or not comm) and w > full * 1e3 * 0.6 * figlib.SMALL / 450 * len(text):
+            ax.text(x + w / 2, y, text, ha="center", va="center", fontsize=figlib.SMALL,
+                    color="white", zorder=3, clip_on=True)
+    comms = {}  # rank -> its communication tracks: one is "comm", several by their last name
+    for r, t in rows:
+        if t != "compute":
+            comms[r] = comms.get(r, 0) + 1
     ax.set_yticks(list(rows.values()),
-                  [f"rank {r} {'compute' if t == 'compute' else t}" for r, t in rows])
-    ax.tick_params(axis="y", length=0, labelsize=7)
+                  [f"rank {r} " + ("compute" if t == "compute" else "comm" if comms[r] == 1
+                                   else "comm " + t.split("/")[-1]) for r, t in rows])
+    ax.tick_params(axis="y", length=0, labelsize=figlib.SMALL)
     ax.spines["left"].set_visible(False)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, (hi - lo) * 1e3)
@@ -133,8 +142,8 @@ def legend(fig, events):
     ops = sorted({op_of(e["name"]) for e in events if e["cat"] == "comm"})
     handles += [mpatches.Patch(color=OPS.get(o, "#DD8452"), label=o) for o in ops]
     handles.append(mpatches.Patch(color=figlib.IDLE, label="idle"))
-    fig.legend(handles=handles, loc="upper center", ncol=min(8, len(handles)), frameon=False,
-               fontsize=7.5, bbox_to_anchor=(0.5, 0.0))
+    fig.legend(handles=handles, loc="upper center", ncol=min(6, len(handles)), frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
 
 
 def panels(events, windows, titles, suptitle):
@@ -142,14 +151,14 @@ def panels(events, windows, titles, suptitle):
     shown = [e for e in events if any(e["end"] > lo and e["start"] < hi for lo, hi in windows)]
     rows = rows_of(shown)
     fig, axes = plt.subplots(len(windows), 1, squeeze=False,
-                             figsize=(9.5, 0.8 + len(windows) * (0.45 + 0.24 * len(rows))))
+                             figsize=(figlib.WIDTH, 0.8 + len(windows) * (0.5 + 0.24 * len(rows))))
     for ax, (lo, hi), title in zip(axes[:, 0], windows, titles):
-        draw(ax, events, lo, hi, rows)
+        draw(ax, events, lo, hi, rows, axis_span=max(spans))
         ax.set_xlim(0, max(spans) * 1e3)
-        ax.set_title(title.format(ms=(hi - lo) * 1e3), loc="left", fontsize=9)
+        ax.set_title(title.format(ms=(hi - lo) * 1e3), loc="left")
     axes[-1, 0].set_xlabel("time (ms)")
     legend(fig, shown)
-    fig.suptitle(suptitle, x=0.0, ha="left", fontsize=11, fontweight="bold", y=1.0)
+    fig.suptitle(suptitle, x=0.0, ha="left", fontsize=figlib.SUPTITLE, fontweight="bold", y=1.0)
     fig.tight_layout()
     return fig
 
@@ -175,13 +184,17 @@ def cmd_ddp(args):
     s = args.steps
     windows = [window(events, f"forward:{s - 1}"), window(events, f"forward:{2 * s - 1}")]
     fig = panels(events, windows,
-                 ["naive data parallelism: one blocking all-reduce per parameter after "
-                  "backward, {ms:.0f} ms",
+                 ["naive: one blocking all-reduce per parameter after backward, {ms:.0f} ms",
                   "DDP: buckets all-reduced while backward still runs, {ms:.0f} ms"],
                  "One training step, naive vs DDP (lab 04)")
+    # The numbers the notes quote beside it: rank 0's time in the two drawn steps.
+    raw = figlib.load(args.trace)
+    naive, ddp = figdata.ddp_steps(raw, s)
+    rank0 = figdata.trace_events(raw, rank=0)
     figlib.save(fig, args.out, args.source or
                 f"./lab run 04 -n {ranks_in(events)} --net pcie --trace FILE -- --steps {s}",
-                measured=figlib.machine(ranks_in(events)))
+                measured=figlib.machine(ranks_in(events)),
+                quoted={"naive": figdata.busy(rank0, *naive), "ddp": figdata.busy(rank0, *ddp)})
 
 
 def cmd_overlap(args):
@@ -193,27 +206,29 @@ def cmd_overlap(args):
         plain, ring = read(mm["plain"], barriers=False), read(mm["ring"], barriers=False)
         span = max(max(e["end"] for e in ev) - min(e["start"] for e in ev) for ev in (plain, ring))
         rows = rows_of(plain + ring)
-        fig, axes = plt.subplots(2, 1, figsize=(9.5, 0.8 + 2 * (0.45 + 0.24 * len(rows))))
-        for ax, ev, title in ((axes[0], plain, "plain: all-gather x, then one matmul"),
-                              (axes[1], ring, "ring: each chunk's transfer under the previous "
-                                              "chunk's matmul")):
+        fig, axes = plt.subplots(2, 1, figsize=(figlib.WIDTH, 0.9 + 2 * (0.5 + 0.24 * len(rows))))
+        modes = []
+        for ax, key, ev, title in ((axes[0], "plain", plain, "plain: all-gather x, then one matmul"),
+                                   (axes[1], "ring", ring, "ring: each chunk's transfer under the "
+                                                           "previous chunk's matmul")):
             lo, hi = min(e["start"] for e in ev), max(e["end"] for e in ev)
-            draw(ax, ev, lo, hi, rows)
+            draw(ax, ev, lo, hi, rows, axis_span=span)
             ax.set_xlim(0, span * 1e3)
-            ax.set_title(f"{title}: {(hi - lo) * 1e3:.1f} ms", loc="left", fontsize=9)
+            ax.set_title(f"{title}: {(hi - lo) * 1e3:.1f} ms", loc="left")
+            rank0 = figdata.trace_events(mm[key], rank=0)
+            modes.append(dict(figdata.busy(rank0, lo, hi), title=key))
         axes[-1].set_xlabel("time (ms)")
         legend(fig, plain + ring)
-        fig.suptitle(f"All-gather matmul, x [{mm['rows']} x {mm['k']}] per rank, W "
+        fig.suptitle(f"All-gather matmul, x [{mm['rows']} x {mm['k']}] per rank,\nW "
                      f"[{mm['n']} x {mm['k']}], {n} ranks, {net}", x=0.0, ha="left",
-                     fontsize=11, fontweight="bold")
+                     fontsize=figlib.SUPTITLE, fontweight="bold")
         fig.tight_layout()
         figlib.save(fig, args.matmul, args.source or f"./lab run 16 -n {n} -- --json FILE",
-                    measured=figlib.machine(n))
+                    measured=figlib.machine(n), quoted={"modes": modes})
     if args.fsdp and "fsdp" in d:
         f = d["fsdp"]
-        cases = [("no_prefetch", "FULL_SHARD, no prefetch: each unit gathered when needed"),
-                 ("prefetch", "FULL_SHARD with prefetch: the next unit's gather under this "
-                              "unit's compute")]
+        cases = [("no_prefetch", "no prefetch: each unit gathered when needed"),
+                 ("prefetch", "prefetch: the next unit's gather under this unit's compute")]
         cases = [(k, t) for k, t in cases if f.get(k)]
         # Two ranks tell the story (the others do the same); no window barriers.
         traces = {k: read(f[k]["trace"], ranks=2, barriers=False) for k, _ in cases}
@@ -222,36 +237,39 @@ def cmd_overlap(args):
         span = max(hi - lo for lo, hi in spans.values())
         rows = rows_of([e for ev in traces.values() for e in ev])
         fig, axes = plt.subplots(2 * len(cases), 1, squeeze=False,
-                                 figsize=(9.5, 0.8 + len(cases) * (1.6 + 0.24 * len(rows))),
+                                 figsize=(figlib.WIDTH, 1.0 + len(cases) * (1.7 + 0.24 * len(rows))),
                                  gridspec_kw={"height_ratios": [len(rows) * 0.24 + 0.3, 0.9] * len(cases)})
         top = max(b for k, _ in cases for _, b in f[k]["memory"]) if cases else 1
+        quoted = []
         for i, (k, title) in enumerate(cases):
             lo, hi = spans[k]
             ax, mem = axes[2 * i, 0], axes[2 * i + 1, 0]
-            draw(ax, traces[k], lo, hi, rows)
+            draw(ax, traces[k], lo, hi, rows, axis_span=span)
             ax.set_xlim(0, span * 1e3)
-            ax.set_title(f"{title}: {(hi - lo) * 1e3:.0f} ms", loc="left", fontsize=9)
+            ax.set_title(f"{title}: {(hi - lo) * 1e3:.0f} ms", loc="left")
+            quoted.append(dict(figdata.busy(figdata.trace_events(f[k]["trace"], rank=0), lo, hi),
+                               title=k.replace("_", " ")))
             ax.tick_params(axis="x", labelbottom=False)
             samples = [(t, b) for t, b in f[k]["memory"] if lo <= t <= hi]
             mem.plot([(t - lo) * 1e3 for t, _ in samples], [figlib.mib(b) for _, b in samples],
                      drawstyle="steps-post", color="#222222", linewidth=0.9)
             mem.set_xlim(0, span * 1e3)
             mem.set_ylim(0, figlib.mib(top) * 1.1)
-            mem.set_ylabel("rank 0\nMiB live", fontsize=7)
+            mem.set_ylabel("rank 0\nMiB live", fontsize=figlib.SMALL)
             if i == 0:
-                mem.set_title("rank 0's live bytes: activations pile up through forward and "
-                              "drain in backward; each unit's gathered parameters come and go "
-                              "on top", loc="left", fontsize=7.5, fontweight="normal")
-            mem.tick_params(labelsize=7)
+                mem.set_title("rank 0's live bytes: activations pile up through forward, drain "
+                              "in backward;\neach unit's gathered parameters come and go on top",
+                              loc="left", fontsize=figlib.SMALL, fontweight="normal")
+            mem.tick_params(labelsize=figlib.SMALL)
         axes[-1, 0].set_xlabel("time (ms)")
         legend(fig, [e for ev in traces.values() for e in ev])
-        fig.suptitle(f"An FSDP step, unit by unit: gather, compute, release\n"
-                     f"{figlib.short_model(f['model'])}; {f['rows']} sequences per rank, {n} "
-                     f"ranks (two drawn), {net}", x=0.0, ha="left", fontsize=10.5,
+        fig.suptitle(f"An FSDP step (FULL_SHARD), unit by unit: gather, compute, release\n"
+                     f"{figlib.short_model(f['model'])}; {f['rows']} sequences per rank,\n{n} "
+                     f"ranks (two drawn), {net}", x=0.0, ha="left", fontsize=figlib.SUPTITLE,
                      fontweight="bold")
         fig.tight_layout()
         figlib.save(fig, args.fsdp, args.source or f"./lab run 16 -n {n} -- --json FILE",
-                    measured=figlib.machine(n))
+                    measured=figlib.machine(n), quoted={"cases": quoted})
 
 
 def main():

@@ -41,13 +41,18 @@ install_optional() {
 # ./lab figures: each lab's demo writes its data (--json/--trace), tools/figures/ draws it; the
 # recipes (which run makes which figure) are in tools/figures/make_figures.py.
 cmd_figures() {
-  local labs=() side=reference out="" trace=""
+  local labs=() side=reference out="" trace="" opts=() check=0
   while [ $# -gt 0 ]; do
     case "$1" in
       --student) side=student ;;
       --solutions|--reference) side=reference ;;
       --out) out=$2; shift ;;
       --trace) trace=$2; shift ;;
+      --runs|--max-load|--wait-load)
+        [ $# -ge 2 ] || die "figures: $1 needs a value"
+        opts+=("$1" "$2"); shift ;;
+      --allow-load|--draw-only) opts+=("$1") ;;
+      --check-quoted) check=1 ;;
       [0-9]|[0-9][0-9]) labs+=("$(norm "$1")") ;;
       *) die "figures: unknown argument '$1' (see ./lab help)" ;;
     esac
@@ -65,6 +70,10 @@ cmd_figures() {
     say "wrote $out"
     return
   fi
+  if [ "$check" = 1 ]; then  # the notes' quoted numbers against the committed figures: no runs
+    "$py" "$ROOT/tools/figures/make_figures.py" --check-quoted --root "$ROOT"
+    return
+  fi
   if [ "$side" = reference ]; then
     [ -d "$ROOT/solutions" ] ||
       die "figures: this checkout has no reference solutions; ./lab figures NN --student draws yours"
@@ -76,12 +85,14 @@ cmd_figures() {
   list=$(IFS=,; echo "${labs[*]:-}")
   read -r -a targets <<<"$("$py" "$ROOT/tools/figures/make_figures.py" --targets --side "$side" --labs "$list")"
   [ ${#targets[@]} -gt 0 ] || exit 1
-  build "${targets[@]}"
+  # --draw-only draws from the data of earlier runs: nothing to build
+  case " ${opts[*]:-} " in *" --draw-only "*) ;; *) build "${targets[@]}" ;; esac
   mpi_env
   say "figures: running the ${side} demos and drawing (tools/figures/)"
   local start=$SECONDS
   "$py" "$ROOT/tools/figures/make_figures.py" --bin "$BUILD/bin" --out "$out" \
-    --data "$BUILD/figures-data" --side "$side" --labs "$list" --mpirun "${MPIRUN[*]}"
+    --data "$BUILD/figures-data" --side "$side" --labs "$list" --mpirun "${MPIRUN[*]}" \
+    "${opts[@]}"
   say "figures: $((SECONDS - start)) s of runs and drawing, into $out"
 }
 

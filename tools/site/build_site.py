@@ -16,6 +16,12 @@ in the site too. What this script adds:
   - a link check before mkdocs runs: a relative link or image in any page that does not name a
     file of the site fails the build, naming the page and the link (mkdocs itself only warns
     about Markdown pages, and not at all about images);
+  - click to enlarge: every figure (an SVG image) is wrapped in a link to the SVG itself, so a
+    reader opens it at full size (the column shows it at most 688 px wide);
+  - a check of the numbers quoted beside the measured figures: the Markdown between
+    <!-- figure-data NAME begin/end --> markers must be what the figure's own data gives
+    (tools/figures/figdata.py; ./lab figures rewrites them), and every figure's text legible
+    at the column's width (a warning: figures drawn before the rule are listed);
   - a citation check: a paper cited under "Further reading", "Sources" or "References" in a note
     or handout (an item with an italic title and a year, or with "et al.") without an http link
     fails the build, naming the file and line; <!-- no link: reason --> exempts an item;
@@ -101,6 +107,36 @@ def link_code_pages(page, text, code):
         path = os.path.normpath(os.path.join(os.path.dirname(page), target))
         return m.group("open") + (target + ".md" if path in code else target) + m.group("rest")
     return CODE_LINK.sub(fix, text)
+
+
+SVG_IMAGE = re.compile(r"(?<!\[)(?P<image>!\[[^\]]*\]\((?P<target>[^)\s]+\.svg)\))(?!\]\()")
+
+
+def enlarge(text):
+    """Every SVG image of a page as a link to itself: click to see the figure at full size
+    (outside fenced code blocks; an image that is a link already is left alone)."""
+    out, in_code = [], False
+    for line in text.split("\n"):
+        if FENCE.match(line):
+            in_code = not in_code
+        elif not in_code:
+            line = SVG_IMAGE.sub(lambda m: f"[{m.group('image')}]({m.group('target')})", line)
+        out.append(line)
+    return "\n".join(out)
+
+
+def check_figures(root):
+    """(problems, warnings): the quoted numbers against the figures' data (problems), and
+    figures with text under the legible size or numbers still to generate (warnings)."""
+    sys.path.insert(0, str(root / "tools" / "figures"))
+    import figdata  # standard library only: no matplotlib needed to check
+    problems, warnings = figdata.check(root)
+    for svg in sorted((root / "notes" / "figures").glob("*.svg")):
+        width, smallest, small = figdata.legibility(svg.read_text())
+        if small:
+            warnings.append(f"notes/figures/{svg.name}: smallest text {smallest:.1f} px at the "
+                            f"site's width (under {figdata.MIN_PX:g}): redraw it (./lab figures)")
+    return problems, warnings
 
 
 def assets(root):
@@ -314,19 +350,26 @@ def main():
     if problems:
         print("site: unlinked citations:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 1
+    problems, warnings = check_figures(root)
+    if warnings:
+        print("site: figures to redraw (not an error):\n  " + "\n  ".join(warnings))
+    if problems:
+        print("site: numbers quoted beside figures differ from the figures' data:\n  "
+              + "\n  ".join(problems), file=sys.stderr)
+        return 1
 
     shutil.rmtree(stage, ignore_errors=True)
     docs = stage / "docs"
     for rel in sorted(site_files):
         (docs / rel).parent.mkdir(parents=True, exist_ok=True)
         if rel.endswith(".md"):
-            (docs / rel).write_text(link_code_pages(rel, (root / rel).read_text(), code))
+            (docs / rel).write_text(enlarge(link_code_pages(rel, (root / rel).read_text(), code)))
         else:
             shutil.copyfile(root / rel, docs / rel)
     for rel in sorted(code):
         (docs / rel).parent.mkdir(parents=True, exist_ok=True)
         (docs / (rel + ".md")).write_text(code_page(root, rel))
-    (docs / "figures.md").write_text(figures_page(root, site_files))
+    (docs / "figures.md").write_text(enlarge(figures_page(root, site_files)))
     # JSON is YAML: no YAML writer needed.
     (stage / "mkdocs.yml").write_text(json.dumps(config(root, out), indent=1) + "\n")
 

@@ -7,6 +7,8 @@ it) and drives headless Chromium through Selenium:
   1. loads every HTML page of the site; a page fails when its title is empty, an image did not
      load (naturalWidth 0), the server answered 404 to any request it made (styles, scripts,
      images), or the browser logged an error;
+     every figure (an SVG image in the page's text) is a link to the SVG itself (click to
+     enlarge);
   2. every link of every page that stays on the site names a page or file of the site, and its
      #anchor exists in that page;
   3. the search box finds a word every lab uses;
@@ -93,6 +95,13 @@ return Array.from(document.images)
   .map(i => i.getAttribute('src'));
 """
 LINKS = "return Array.from(document.querySelectorAll('a[href]')).map(a => a.href);"
+# Figures not wrapped in a link to themselves (build_site.py's enlarge()).
+NOT_ENLARGEABLE = """
+return Array.from(document.querySelectorAll('article img'))
+  .filter(i => /\\.svg$/.test(i.getAttribute('src') || ''))
+  .filter(i => { const a = i.closest('a'); return !a || a.href !== i.src; })
+  .map(i => i.getAttribute('src'));
+"""
 
 
 # ---------------------------------------------------------------- anchors
@@ -153,7 +162,7 @@ def main():
 
     pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html"))
     server, base = serve(site)
-    problems, links, images = [], {}, 0
+    problems, links, images, enlargeable = [], {}, 0, [0]
     with tempfile.TemporaryDirectory(prefix="dtl-chromium-") as profile:
         driver = browser(profile)
         try:
@@ -168,6 +177,12 @@ def main():
                     problems.append(f"{page}: empty title")
                 for src in driver.execute_script(BROKEN_IMAGES):
                     problems.append(f"{page}: image did not load: {src}")
+                for src in driver.execute_script(NOT_ENLARGEABLE):
+                    problems.append(f"{page}: figure {src} is not a link to itself (click to "
+                                    "enlarge)")
+                figures = driver.execute_script(
+                    "return document.querySelectorAll('article a > img').length")
+                enlargeable[0] += figures
                 images += driver.execute_script("return document.images.length")
                 time.sleep(0.05)  # late requests (search index, icons)
                 for path in list(QuietHandler.missing):
@@ -246,7 +261,8 @@ def main():
             driver.quit()
             server.shutdown()
 
-    print(f"  {len(pages)} pages, {images} images, {len(links)} distinct links checked; "
+    print(f"  {len(pages)} pages, {images} images ({enlargeable[0]} in a link: figures "
+          f"click to enlarge), {len(links)} distinct links checked; "
           f"screenshots in {args.shots}")
     if problems:
         print(f"site test: FAILED ({len(problems)} problems, {time.time() - t0:.1f} s)")
