@@ -18,3 +18,25 @@ export DTL_JOBS="${DTL_JOBS:-${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-$(npro
 if [ -z "${DTL_DEVICE:-}" ] && [ -n "${SLURM_GPUS_ON_NODE:-}${SLURM_JOB_GPUS:-}" ]; then
   export DTL_DEVICE=cuda
 fi
+# dtl_launch PROGRAM [ARGS...]: one rank per task of the allocation, the way every script here
+# starts ranks: `srun --mpi=pmix` where Slurm has the PMIx plugin (OpenMPI's ranks then take their
+# rank and size from Slurm; SLURM_LOCALID picks the GPU), else mpirun inside the allocation (it
+# asks Slurm for the nodes and slots). DTL_LAUNCH=mpirun|srun chooses; slurm/ranks-check.sbatch
+# tries both.
+dtl_launch() {
+  local how="${DTL_LAUNCH:-}"
+  if [ -z "$how" ]; then
+    how=mpirun
+    srun --mpi=list 2>&1 | grep -qw pmix && how=srun
+  fi
+  case "$how" in
+    srun) srun --mpi=pmix --kill-on-bad-exit=1 "$@" ;;
+    mpirun)
+      # Slurm's slots are the tasks; with --ntasks-per-node the same count on every node.
+      local map=()
+      [ -n "${SLURM_NTASKS_PER_NODE:-}" ] && map=(--map-by "ppr:${SLURM_NTASKS_PER_NODE%%(*}:node")
+      mpirun -n "$SLURM_NTASKS" "${map[@]}" --bind-to none -x DTL_NCCL_TIMEOUT -x NCCL_DEBUG \
+        -x DTL_DEVICE "$@" ;;
+    *) echo "dtl_launch: DTL_LAUNCH is '$how' (mpirun or srun)" >&2; return 2 ;;
+  esac
+}
