@@ -23,11 +23,12 @@ fi
 # rank and size from Slurm; SLURM_LOCALID picks the GPU), else mpirun inside the allocation (it
 # asks Slurm for the nodes and slots). DTL_LAUNCH=mpirun|srun chooses; slurm/ranks-check.sbatch
 # tries both.
+dtl_has_pmix() { srun --mpi=list 2>&1 | grep -qw pmix; }
 dtl_launch() {
   local how="${DTL_LAUNCH:-}"
   if [ -z "$how" ]; then
     how=mpirun
-    srun --mpi=list 2>&1 | grep -qw pmix && how=srun
+    dtl_has_pmix && how=srun
   fi
   case "$how" in
     srun) srun --mpi=pmix --kill-on-bad-exit=1 "$@" ;;
