@@ -249,8 +249,13 @@ const char* ckpt_name(Checkpointing c) { return lab13::to_string(c); }
 }  // namespace
 
 std::string Plan::describe() const {
-  return fmt::format("tp={} pp={} dp={} cp={} zero={} ckpt={} mb={} v={}", tp, pp, dp, cp,
-                     zero_stage, ckpt_name(checkpointing), micro_batch, virtual_stages);
+  std::string text = fmt::format("tp={} pp={} dp={} cp={} zero={} ckpt={} mb={} v={}", tp, pp, dp,
+                                 cp, zero_stage, ckpt_name(checkpointing), micro_batch,
+                                 virtual_stages);
+  // The edge stages' layers only when set: an even split reads as it always has.
+  if (first_stage_layers != 0) text += fmt::format(" first_layers={}", first_stage_layers);
+  if (last_stage_layers != 0) text += fmt::format(" last_layers={}", last_stage_layers);
+  return text;
 }
 
 Plan parse_plan(const std::string& text, const Plan& base) {
@@ -259,8 +264,8 @@ Plan parse_plan(const std::string& text, const Plan& base) {
     if (item.empty()) continue;
     const size_t eq = item.find('=');
     DTL_CHECK(eq != std::string::npos,
-              fmt::format("--fix '{}': '{}' is not key=value (tp, pp, dp, cp, zero, ckpt, mb, v)",
-                          text, item));
+              fmt::format("--fix '{}': '{}' is not key=value (tp, pp, dp, cp, zero, ckpt, mb, v, "
+                          "first_layers, last_layers)", text, item));
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     const std::string where = "--fix '" + text + "'";
     auto whole = [&](const std::string& what) {
@@ -283,6 +288,10 @@ Plan parse_plan(const std::string& text, const Plan& base) {
       p.micro_batch = whole("mb");
     } else if (key == "v") {
       p.virtual_stages = static_cast<int>(whole("v"));
+    } else if (key == "first_layers") {
+      p.first_stage_layers = static_cast<int>(whole("first_layers"));
+    } else if (key == "last_layers") {
+      p.last_stage_layers = static_cast<int>(whole("last_layers"));
     } else if (key == "ckpt") {
       if (value == "none") {
         p.checkpointing = Checkpointing::kNone;
@@ -294,8 +303,8 @@ Plan parse_plan(const std::string& text, const Plan& base) {
         DTL_CHECK(false, fmt::format("{}: ckpt={} is not none, selective or full", where, value));
       }
     } else {
-      DTL_CHECK(false, fmt::format("{}: unknown key '{}' (tp, pp, dp, cp, zero, ckpt, mb, v)",
-                                   where, key));
+      DTL_CHECK(false, fmt::format("{}: unknown key '{}' (tp, pp, dp, cp, zero, ckpt, mb, v, "
+                                   "first_layers, last_layers)", where, key));
     }
   }
   return p;
@@ -443,8 +452,10 @@ std::vector<PublishedRun> published_runs() {
   // without activation checkpointing (only possible if attention never stores its scores: a
   // fused kernel), an interleaved schedule (126 layers plus the embedding and the output as
   // their own chunks: 128 = 16 ranks x 8 chunks of one layer), tensor parallelism after
-  // Korthikanti et al. (sequence parallel). Micro-batches of one sequence (not published). The
-  // published TFLOP/s are model FLOPs (MFU).
+  // Korthikanti et al. (sequence parallel). "Memory imbalance": one layer fewer on the first and
+  // on the last stage (7 + 14 x 8 + 7 = 126), the first chunk of the first stage holding only the
+  // embedding and the last chunk of the last stage only the output and the loss. Micro-batches
+  // of one sequence (not published). The published TFLOP/s are model FLOPs (MFU).
   for (int dp : {64, 128}) {
     PublishedRun run;
     run.name = fmt::format("llama3-405b-{}k", dp / 8);
@@ -452,6 +463,7 @@ std::vector<PublishedRun> published_runs() {
     run.cluster = fmt::format("h100-80g:{}", 8 * 16 * dp);
     run.global_batch = 2048;  // 16M tokens of 8,192
     run.plan = published_plan(8, 16, dp, 2, Checkpointing::kNone, 1, 8);
+    run.plan.first_stage_layers = run.plan.last_stage_layers = 7;
     run.flash_attention = run.sequence_parallel = true;
     run.tflops_per_gpu = dp == 64 ? 430 : 400;
     run.counts_recompute = false;
@@ -469,6 +481,7 @@ std::vector<PublishedRun> published_runs() {
     run.global_batch = 128;
     run.plan = published_plan(8, 16, 8, 2, Checkpointing::kNone, 1, 8);
     run.plan.cp = 16;
+    run.plan.first_stage_layers = run.plan.last_stage_layers = 7;  // as at 8K
     run.flash_attention = run.sequence_parallel = true;
     run.tflops_per_gpu = 380;
     run.counts_recompute = false;

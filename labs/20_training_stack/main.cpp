@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   app.add_option("--cluster", cluster_spec, "NAME:GPUS[,net=GBPS][,per-node=K] (a100-40g, a100-80g, h100-80g)")
       ->capture_default_str();
   app.add_option("--batch", batch, "global batch, sequences per step")->capture_default_str();
-  app.add_option("--fix", fix, "evaluate this plan instead of choosing: tp=8,pp=4,dp=32[,cp,zero,ckpt,mb,v]");
+  app.add_option("--fix", fix, "evaluate this plan instead of choosing: tp=8,pp=4,dp=32[,cp,zero,ckpt,mb,v,first_layers,last_layers]");
   app.add_option("--json", json_path, "write the plans that fit, best first, to this file");
   app.add_option("--top", top, "rows of the plan table")->capture_default_str();
   app.add_flag("--no-flash-attention", no_flash, "attention stores its T x T scores (2021-era kernels)");

@@ -35,15 +35,18 @@ std::string invalid_reason(const GPTConfig& model, const Cluster& cluster, const
 int64_t params_per_gpu(const GPTConfig& model, const Plan& plan) {
   // TODO(lab20): one layer's parameters on one GPU (which tensors tensor parallelism splits,
   // which it replicates: read model.hpp's Block), the vocabulary-parallel embedding, and the
-  // fullest pipeline stage. Check yourself: with tp = pp = 1 it is model::num_parameters.
+  // fullest pipeline stage: a helper for the layers of stage r (plan.first_stage_layers and
+  // last_stage_layers on the edges when set, the rest split evenly) serves Tasks 1 and 2.
+  // Check yourself: with tp = pp = 1 it is model::num_parameters.
   DTL_UNIMPLEMENTED("lab 20: params_per_gpu (Task 1)");
 }
 
 Memory memory_per_gpu(const GPTConfig& model, const Cluster& cluster, const Plan& plan,
                       int64_t global_batch, const CostModel& cost) {
   // TODO(lab20): the model state through lab14::model_state_bytes with mixed_precision(); one
-  // layer's activations per micro-batch under each policy (the header's R, S, C); what the
-  // first pipeline stage holds at the schedule's peak (lab 12); one micro-batch's logits.
+  // layer's activations per micro-batch under each policy (the header's R, S, C); what each
+  // pipeline stage holds at its schedule's peak (lab 12); one micro-batch's logits. Every stage
+  // is a GPU: return the fullest one's parts.
   DTL_UNIMPLEMENTED("lab 20: memory_per_gpu (Task 1)");
 }
 
@@ -54,7 +57,7 @@ StepTime step_time(const GPTConfig& model, const Cluster& cluster, const Plan& p
   // TODO(lab20): a helper for "an all-reduce of B bytes over a group of k ranks `stride` apart"
   // (a lab07::Topology and its two cost models) carries every collective. Then one layer's
   // compute, its tensor- and context-parallel collectives, the logits, the sends, the slowest
-  // stage, the pipeline with lab12::bubble_formula, and the data-parallel reduction per ZeRO
+  // stage (its layers, and the head if it is the last), the pipeline with lab12::bubble_formula, and the data-parallel reduction per ZeRO
   // stage.
   DTL_UNIMPLEMENTED("lab 20: step_time (Task 2)");
 }

@@ -104,13 +104,21 @@ struct Plan {
   Checkpointing checkpointing = Checkpointing::kNone;
   int64_t micro_batch = 1;                         // sequences per micro-batch, b
   int virtual_stages = 1;                          // v: model chunks per pipeline rank
+  // The layers of the first and of the last pipeline stage (Megatron-LM's
+  // --decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers); the other
+  // stages split the rest evenly. 0: not set. Both 0: the even split, every stage counted at
+  // ceil(L / p). Fewer layers on the edge stages balance them against the embedding, the head
+  // and the first stage's warm-up micro-batches (Llama 3 405B: 7, 14 x 8, 7).
+  int first_stage_layers = 0, last_stage_layers = 0;
   int gpus() const { return tp * pp * dp * cp; }
-  // "tp=8 pp=4 dp=32 cp=1 zero=1 ckpt=full mb=1 v=1"
+  // "tp=8 pp=4 dp=32 cp=1 zero=1 ckpt=full mb=1 v=1", then " first_layers=7" and
+  // " last_layers=7" when set
   std::string describe() const;
 };
 
 // Given: a plan from "tp=8,pp=4,dp=32" (keys tp, pp, dp, cp, zero, ckpt (none|selective|full),
-// mb, v; missing keys keep `base`'s values). Unknown keys or values: dtl::Error ("fix").
+// mb, v, first_layers, last_layers; missing keys keep `base`'s values). Unknown keys or values:
+// dtl::Error ("fix").
 Plan parse_plan(const std::string& text, const Plan& base = {});
 
 // What the planner assumes about the training software, and the constants it calibrates.
@@ -173,7 +181,12 @@ inline double hardware_flops_per_token(const GPTConfig& c, Checkpointing ckpt) {
 //   seq_len not divisible by cp ................................................ "seq_len"
 //   pp > n_layer ................................................................ "n_layer"
 //   global_batch not divisible by dp x micro_batch ........................ "global_batch"
-//   virtual_stages > 1 with pp = 1, or not dividing ceil(L / pp) ........ "virtual_stages"
+//   first_ or last_stage_layers < 0, or either set with pp = 1, or the layers they leave
+//   (L - first - last) not splitting evenly over the stages left, at least one each (with
+//   pp = 2 and both set: first + last != L) ...... "first_layers" and "last_layers" (both)
+//   virtual_stages > 1 with pp = 1, or not dividing the layers of an evenly split stage
+//   (ceil(L / pp), or the share of a stage the edge layers leave; an edge stage's own layers
+//   need not divide: Llama 3's first chunk holds only the embedding) ...... "virtual_stages"
 //   virtual_stages > 1 and the micro-batches m not a multiple of pp ........ "micro-batches"
 // (the vocabulary need not divide by tp: Megatron pads it, here every size uses ceil(V / t)).
 std::string invalid_reason(const GPTConfig& model, const Cluster& cluster, const Plan& plan,
@@ -185,7 +198,10 @@ inline void check_plan(const GPTConfig& model, const Cluster& cluster, const Pla
   DTL_CHECK(why.empty(), why);
 }
 
-// Parameters on one GPU of the fullest pipeline stage, with Ls = ceil(L / p) layers per stage:
+// Parameters on one GPU of the fullest pipeline stage. Stage r holds L_r layers: the plan's
+// first_stage_layers (r = 0) and last_stage_layers (r = p - 1) where set, the other stages
+// (L - first - last) / (stages left) each; with neither set every stage is counted at
+// ceil(L / p) (a bound: an uneven split gives some stages one layer less).
 //   a layer   (4h^2 + 2hf)/t + (3h + f)/t + 2h + 4h      the matrices and the column-parallel
 //                                                        biases (qkv, fc) are split over t; the
 //                                                        row-parallel biases (2h) and the two
@@ -193,16 +209,20 @@ inline void check_plan(const GPTConfig& model, const Cluster& cluster, const Pla
 //                                                        cfg.bias the bias terms are 0
 //   E = ceil(V / t) h                                    the vocabulary-parallel embedding
 //   p = 1:  L layer + E + T h + 2h (+ E when the head is untied)
-//   p > 1:  max(first = Ls layer + E + T h,              (positions live on the first stage)
-//               last  = Ls layer + 2h + E)               (ln_f; the head: the tied embedding's
+//   p > 1:  the most of N_r = L_r layer                  over the stages r, where
+//                             + [r = 0] (E + T h)        (positions live on the first stage)
+//                             + [r = p - 1] (2h + E)     (ln_f; the head: the tied embedding's
 //                                                         copy, or the untied head)
+//           (even split: max(first, last), the first with the positions)
 // With t = p = 1 this is model::num_parameters of the GPT. No checks (plan assumed valid).
 int64_t params_per_gpu(const GPTConfig& model, const Plan& plan);
 
 // Bytes on one GPU at the peak of a step. `global_batch` gives the micro-batches per pipeline,
 // m = global_batch / (dp micro_batch).
-//   states       lab14::model_state_bytes(zero_stage, {N}, dp x cp, mixed_precision()).total()
-//                with N = params_per_gpu (ZeRO shards over the data-parallel ranks, and Megatron
+// Every pipeline stage r is a GPU with its own states and activations; the result is the stage
+// with the largest total (the first such stage), its three parts as they are there:
+//   states       lab14::model_state_bytes(zero_stage, {N_r}, dp x cp, mixed_precision()).total()
+//                with N_r the stage's parameters (params_per_gpu's; ZeRO shards over the data-parallel ranks, and Megatron
 //                also over the context-parallel ones); stage 3 adds two gathered layers in bf16,
 //                2 x 2 x layer (FSDP's prefetch keeps the next layer's parameters while one runs)
 //   activations  per layer and micro-batch, with s = b T / c tokens on this GPU and D = 1 when
@@ -218,11 +238,15 @@ int64_t params_per_gpu(const GPTConfig& model, const Plan& plan);
 //                  kNone       A = s (R/t' + (S + C)/t)     t' = t with sequence_parallel, else 1
 //                  kSelective  A = s (R/t' + S/t)           (the scores are recomputed)
 //                  kFull       A = s 2h / t'                (only each layer's input)
-//                the first pipeline stage holds the most (1F1B, lab 12):
-//                  v = 1:  Ls min(m, p) layer-micro-batches
-//                  v > 1:  (Ls / v) min(v m, 2(p - 1) + (v - 1) p + 1) (Megatron's interleaved
-//                          warm-up on rank 0, plus the one in its forward)
+//                times the (micro-batch, chunk) pairs stage r holds at its schedule's peak (lab
+//                12's one_f_one_b and interleaved, Megatron's warm-up counts), each chunk L_r / v
+//                layers (an edge stage's uneven chunks counted at their mean):
+//                  v = 1:  L_r min(m, p - r)
+//                  v > 1:  (L_r / v) min(v m, 2(p - r - 1) + (v - 1) p + 1) (the warm-up plus
+//                          the one in its forward), and v m when m = p (every forward first)
 //                and under kFull the layer being recomputed in backward is whole: + A(kNone).
+//                With an even split the first stage is the fullest; with first_stage_layers
+//                fewer, the second may be.
 //   logits       4 s ceil(V / t): one micro-batch's fp32 logits for the loss (on the last stage;
 //                counted on every stage: a bound, exact when p = 1)
 struct Memory {
@@ -262,8 +286,9 @@ Memory memory_per_gpu(const GPTConfig& model, const Cluster& cluster, const Plan
 //                   gradient back, for each of the v chunks) of 2 s h / t bytes (Megatron's
 //                   scatter-gather splits them over the tp ranks), each link.time(bytes) on
 //                   nvlink when t c d < g (consecutive stages share a node), else on network
-//   stage           one micro-batch through the slowest stage (the last one: it has the head):
-//                   Ls (layer compute + tp_comm + cp_comm) + logits + p2p
+//   stage           one micro-batch through the slowest stage: the most over the stages r of
+//                   L_r (layer compute + tp_comm + cp_comm) + [r = p - 1] logits (the last stage
+//                   has the head; with an even split it is the slowest), + p2p
 //   pipeline        m stage / (1 - lab12::bubble_formula(p, m, v)): 1F1B's bubble of (p - 1)/v
 //                   stage times (0 when p = 1)
 //   dp_comm         the gradient reduction over the dp x cp group (stride t), with N the
@@ -273,7 +298,8 @@ Memory memory_per_gpu(const GPTConfig& model, const Cluster& cluster, const Plan
 //                   reduce-scatter(4N)
 //   total           pipeline + (1 - omega) dp_comm
 struct StepTime {
-  double compute = 0;     // m (Ls layer compute + logits): this GPU's work for the step
+  double compute = 0;     // m (Ls layer compute + logits if it has the head), Ls the slowest
+                          // stage's layers: this GPU's work for the step
   double tp_comm = 0;     // m Ls tp_comm
   double cp_comm = 0;     // m Ls cp_comm
   double p2p = 0;         // m p2p
@@ -331,6 +357,7 @@ struct PlanReport {
 //   virtual_stages  1, and when pp > 1 each v in 2..8 dividing ceil(L / pp) with m a multiple
 //        of pp
 //   zero_stage 0..3, checkpointing none, selective, full
+//   first_ and last_stage_layers 0 (the even split only)
 // each estimated. The chosen plan: among the plans that fit and reach at least 0.95 x the
 // fastest fitting plan's tokens/s, the least by (tp cp pp, virtual_stages, zero_stage,
 // checkpointing none < selective < full), then the most tokens/s, then the smallest
@@ -483,6 +510,7 @@ struct TrainResult {
 //                 lab 12's one_f_one_b over lab 12's PipelineLinks of the pp group; make_adamw
 //                 over the stage's parameters, average_gradients over dp
 // Unsupported here, dtl::Error before any communication naming what is missing: cp > 1 ("cp");
+// first_stage_layers or last_stage_layers set (the blocks split evenly: "first_layers");
 // virtual_stages > 1 with tp and pp > 1 ("virtual_stages"); zero_stage > 0 with tp or pp > 1, or
 // checkpointing other than none with pp > 1, selective with tp > 1, or any with zero_stage > 1
 // ("zero_stage" or "checkpointing"); a checkpoint_dir with zero_stage > 0 ("checkpoint"); an

@@ -29,10 +29,42 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Layers on the fullest pipeline stage, and micro-batches per pipeline.
-int64_t stage_layers(const GPTConfig& cfg, const Plan& p) { return ceil_div(cfg.n_layer, p.pp); }
 int64_t micro_batches(const Plan& p, int64_t global_batch) {
   return global_batch / (static_cast<int64_t>(p.dp) * p.micro_batch);
+}
+
+// The stages Plan::first_stage_layers and last_stage_layers do not set, and the layers each of
+// them holds: the rest of the layers split evenly (0 stages when pp = 2 sets both). Without
+// either, every stage is counted at ceil(L / p).
+struct EvenStages {
+  int count = 0;
+  int64_t layers = 0;
+};
+EvenStages even_stages(const GPTConfig& cfg, const Plan& p) {
+  const int set = (p.first_stage_layers > 0) + (p.last_stage_layers > 0);
+  if (set == 0) return {p.pp, ceil_div(cfg.n_layer, p.pp)};
+  EvenStages e;
+  e.count = p.pp - set;
+  if (e.count > 0) e.layers = (cfg.n_layer - p.first_stage_layers - p.last_stage_layers) / e.count;
+  return e;
+}
+
+// The layers of pipeline stage r (a valid plan).
+int64_t layers_of_stage(const GPTConfig& cfg, const Plan& p, int r) {
+  if (p.pp == 1) return cfg.n_layer;
+  if (r == 0 && p.first_stage_layers > 0) return p.first_stage_layers;
+  if (r == p.pp - 1 && p.last_stage_layers > 0) return p.last_stage_layers;
+  return even_stages(cfg, p).layers;
+}
+
+// The (micro-batch, chunk) pairs pipeline rank r holds at its peak: its warm-up forwards plus the
+// one of the steady state (lab 12's schedules, Megatron's counts). With m = p the interleaved
+// schedule runs every forward first.
+double pairs_in_flight(const Plan& p, int r, double m) {
+  const double pp = p.pp, v = p.virtual_stages;
+  if (p.virtual_stages == 1) return std::min(m, pp - r);
+  if (m == pp) return v * m;
+  return std::min(v * m, 2 * (pp - r - 1) + (v - 1) * pp + 1);
 }
 
 // One layer's parameters on one GPU: what tensor parallelism splits, and what it replicates.
@@ -113,11 +145,32 @@ std::string invalid_reason(const GPTConfig& model, const Cluster& cluster, const
   if (global_batch < 1 || global_batch % (static_cast<int64_t>(p.dp) * p.micro_batch) != 0)
     return fmt::format("global_batch={} is not a multiple of dp={} x micro_batch={}",
                        global_batch, p.dp, p.micro_batch);
+  // The edge stages' layers (Megatron's --decoder-first/last-pipeline-num-layers): the other
+  // stages share the rest evenly.
+  if (p.first_stage_layers < 0 || p.last_stage_layers < 0)
+    return fmt::format("first_layers={} and last_layers={} must be >= 0 (0: the even split)",
+                       p.first_stage_layers, p.last_stage_layers);
+  const bool skewed = p.first_stage_layers > 0 || p.last_stage_layers > 0;
+  if (skewed && p.pp == 1)
+    return fmt::format("first_layers={} and last_layers={} need pp > 1", p.first_stage_layers,
+                       p.last_stage_layers);
+  const EvenStages even = even_stages(model, p);
+  if (skewed) {
+    const int64_t rest = model.n_layer - p.first_stage_layers - p.last_stage_layers;
+    if (even.count == 0 ? rest != 0 : rest < even.count || rest % even.count != 0)
+      return fmt::format("first_layers={} and last_layers={} leave {} of n_layer={} layers to the "
+                         "other {} stage(s), which must split them evenly, at least one each",
+                         p.first_stage_layers, p.last_stage_layers, rest, model.n_layer,
+                         even.count);
+  }
   if (p.virtual_stages > 1) {
     if (p.pp == 1) return fmt::format("virtual_stages={} needs pp > 1", p.virtual_stages);
-    if (stage_layers(model, p) % p.virtual_stages != 0)
+    // The evenly split stages' chunks are equal; an edge stage set apart may hold fewer layers
+    // than its v chunks' share (Llama 3: the first chunk of the first stage holds only the
+    // embedding).
+    if (even.count > 0 && even.layers % p.virtual_stages != 0)
       return fmt::format("virtual_stages={} does not divide the {} layers of a stage",
-                         p.virtual_stages, stage_layers(model, p));
+                         p.virtual_stages, even.layers);
     if (micro_batches(p, global_batch) % p.pp != 0)
       return fmt::format("{} micro-batches are not a multiple of pp={} (the interleaved schedule "
                          "needs it)", micro_batches(p, global_batch), p.pp);
@@ -125,40 +178,55 @@ std::string invalid_reason(const GPTConfig& model, const Cluster& cluster, const
   return "";
 }
 
-int64_t params_per_gpu(const GPTConfig& cfg, const Plan& p) {
+namespace {
+
+// Parameters on one GPU of pipeline stage r.
+int64_t stage_params(const GPTConfig& cfg, const Plan& p, int r) {
   const int64_t h = cfg.d_model, layer = layer_params(cfg, p.tp);
   const int64_t embedding = ceil_div(cfg.vocab_size, p.tp) * h;  // vocabulary-parallel, padded
   const int64_t positions = cfg.seq_len * h, ln_f = 2 * h;
   if (p.pp == 1)
     return cfg.n_layer * layer + embedding + positions + ln_f + (cfg.tied_head ? 0 : embedding);
-  const int64_t Ls = stage_layers(cfg, p);
+  int64_t n = layers_of_stage(cfg, p, r) * layer;
+  if (r == 0) n += embedding + positions;
   // The last stage holds the head: the tied embedding's copy, or the untied head; same size.
-  return std::max(Ls * layer + embedding + positions, Ls * layer + ln_f + embedding);
+  if (r == p.pp - 1) n += ln_f + embedding;
+  return n;
+}
+
+}  // namespace
+
+int64_t params_per_gpu(const GPTConfig& cfg, const Plan& p) {
+  int64_t most = 0;
+  for (int r = 0; r < p.pp; ++r) most = std::max(most, stage_params(cfg, p, r));
+  return most;
 }
 
 Memory memory_per_gpu(const GPTConfig& cfg, const Cluster&, const Plan& p, int64_t global_batch,
                       const CostModel& cost) {
-  Memory mem;
-  // Model state: lab 14's ZeRO accounting, sharded over the data- (and context-) parallel ranks.
-  const int64_t N = params_per_gpu(cfg, p);
-  mem.states = static_cast<double>(
-      lab14::model_state_bytes(p.zero_stage, {N}, p.dp * p.cp, mixed_precision()).total());
-  if (p.zero_stage == 3) mem.states += 2.0 * 2 * static_cast<double>(layer_params(cfg, p.tp));
-  // Activations: what one layer keeps per micro-batch, times the layer-micro-batches the first
-  // stage holds at 1F1B's peak (lab 12).
   const LayerActivations A = layer_activations(cfg, p, cost);
-  const double Ls = static_cast<double>(stage_layers(cfg, p));
   const double m = static_cast<double>(micro_batches(p, global_batch));
-  const double pp = p.pp, v = p.virtual_stages;
-  const double in_flight =
-      p.virtual_stages == 1 ? Ls * std::min(m, pp)
-                            : (Ls / v) * std::min(v * m, 2 * (pp - 1) + (v - 1) * pp + 1);
-  mem.activations = in_flight * A.of(p.checkpointing);
-  if (p.checkpointing == Checkpointing::kFull) mem.activations += A.none;  // the recomputed layer
   // One micro-batch's fp32 logits over this rank's share of the vocabulary.
   const double s = static_cast<double>(p.micro_batch) * static_cast<double>(cfg.seq_len) / p.cp;
-  mem.logits = 4 * s * static_cast<double>(ceil_div(cfg.vocab_size, p.tp));
-  return mem;
+  const double logits = 4 * s * static_cast<double>(ceil_div(cfg.vocab_size, p.tp));
+  // Every pipeline stage: its model state and what it holds at its schedule's peak. With an even
+  // split the first stage is the fullest; with fewer layers there, the second may be.
+  Memory fullest;
+  for (int r = 0; r < p.pp; ++r) {
+    Memory mem;
+    // Model state: lab 14's ZeRO accounting, sharded over the data- (and context-) parallel ranks.
+    const int64_t N = stage_params(cfg, p, r);
+    mem.states = static_cast<double>(
+        lab14::model_state_bytes(p.zero_stage, {N}, p.dp * p.cp, mixed_precision()).total());
+    if (p.zero_stage == 3) mem.states += 2.0 * 2 * static_cast<double>(layer_params(cfg, p.tp));
+    // Activations: the (micro-batch, chunk) pairs in flight, each chunk L_r / v layers.
+    const double Lr = static_cast<double>(layers_of_stage(cfg, p, r));
+    mem.activations = pairs_in_flight(p, r, m) * Lr / p.virtual_stages * A.of(p.checkpointing);
+    if (p.checkpointing == Checkpointing::kFull && Lr > 0) mem.activations += A.none;  // recomputed
+    mem.logits = logits;
+    if (mem.total() > fullest.total()) fullest = mem;
+  }
+  return fullest;
 }
 
 // ================================================================ Task 2: what it costs
@@ -170,7 +238,6 @@ StepTime step_time(const GPTConfig& cfg, const Cluster& cl, const Plan& p, int64
   const double b = static_cast<double>(p.micro_batch);
   const double s = b * T / p.cp;
   const double V_t = static_cast<double>(ceil_div(cfg.vocab_size, p.tp));
-  const double Ls = static_cast<double>(stage_layers(cfg, p));
   const int64_t m = micro_batches(p, global_batch);
   const double flops = cl.peak_flops * cost.compute_efficiency;
   const bool full = p.checkpointing == Checkpointing::kFull;
@@ -198,7 +265,17 @@ StepTime step_time(const GPTConfig& cfg, const Cluster& cl, const Plan& p, int64
     const bool same_node = p.tp * p.cp * p.dp < cl.gpus_per_node;
     p2p = 2.0 * p.virtual_stages * (same_node ? cl.nvlink : cl.network).time(2 * s * h / t);
   }
-  const double stage = Ls * (layer + tp_layer + cp_layer) + logits + p2p;
+  // The slowest stage sets the pace: the last one (it has the head) unless another holds more
+  // layers than the head is worth.
+  double Ls = 0, slowest = -1;
+  bool has_head = false;
+  for (int r = p.pp - 1; r >= 0; --r) {
+    const double Lr = static_cast<double>(layers_of_stage(cfg, p, r));
+    const double t_r = Lr * (layer + tp_layer + cp_layer) + (r == p.pp - 1 ? logits : 0);
+    if (t_r > slowest) slowest = t_r, Ls = Lr, has_head = r == p.pp - 1;
+  }
+  const double stage_logits = has_head ? logits : 0;
+  const double stage = Ls * (layer + tp_layer + cp_layer) + stage_logits + p2p;
   const double pipeline = static_cast<double>(m) * stage /
                           (1 - lab12::bubble_formula(p.pp, m, p.virtual_stages));
 
@@ -214,7 +291,7 @@ StepTime step_time(const GPTConfig& cfg, const Cluster& cl, const Plan& p, int64
     dp = static_cast<double>(m) * (2 * ar(2 * N) / 2 + ar(4 * N) / 2);
 
   StepTime st;
-  st.compute = static_cast<double>(m) * (Ls * layer + logits);
+  st.compute = static_cast<double>(m) * (Ls * layer + stage_logits);
   st.tp_comm = static_cast<double>(m) * Ls * tp_layer;
   st.cp_comm = static_cast<double>(m) * Ls * cp_layer;
   st.p2p = static_cast<double>(m) * p2p;
@@ -726,6 +803,10 @@ void check_trainable(const Plan& plan, const TrainOptions& o, const Comm& world)
                         o.global_batch, plan.dp, plan.micro_batch));
   DTL_CHECK(plan.virtual_stages == 1 || plan.pp > 1,
             fmt::format("train: virtual_stages={} needs pp > 1", plan.virtual_stages));
+  DTL_CHECK(plan.first_stage_layers == 0 && plan.last_stage_layers == 0,
+            fmt::format("train: first_layers={} last_layers={}: the trainer splits the blocks "
+                        "evenly over the stages (dtl::split_range, lab 11's even_parts)",
+                        plan.first_stage_layers, plan.last_stage_layers));
   DTL_CHECK(o.steps >= 0, fmt::format("train: steps={} must be >= 0", o.steps));
 }
 

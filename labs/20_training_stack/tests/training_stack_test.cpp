@@ -143,6 +143,101 @@ TEST(Fits, PipelineHoldsWhatTheScheduleHolds) {
   }
 }
 
+// Plan::first_stage_layers / last_stage_layers (Megatron's --decoder-first/last-pipeline-num-
+// layers): the edge stages hold the layers the plan gives them, the other stages split the rest
+// evenly, and the refusals name the rule.
+TEST(Fits, EdgeStagesHoldTheirOwnLayerCounts) {
+  LAB20_SINGLE_PROCESS();
+  const Plan parsed = plan_of("pp=4,first_layers=1,last_layers=3");
+  EXPECT_EQ(parsed.first_stage_layers, 1);
+  EXPECT_EQ(parsed.last_stage_layers, 3);
+  EXPECT_NE(parsed.describe().find(" first_layers=1 last_layers=3"), std::string::npos)
+      << parsed.describe();
+  EXPECT_EQ(Plan{}.describe().find("layers"), std::string::npos) << "an even split reads as before";
+  const GPTConfig cfg = dtl::testing::gpt_config(10, 64, 4, 256, 32);
+  const Cluster c4 = cluster("a100-80g:4");
+  auto why = [&](const std::string& plan, const GPTConfig& m, const Cluster& cl, int64_t B = 8) {
+    return OBSERVE(invalid_reason(m, cl, plan_of(plan), B));
+  };
+  auto names_both = [](const std::string& msg) {
+    return msg.find("first_layers") != std::string::npos &&
+           msg.find("last_layers") != std::string::npos;
+  };
+  EXPECT_EQ(why("pp=4,first_layers=1,last_layers=3", cfg, c4), "");  // 1, 3, 3, 3
+  EXPECT_EQ(why("pp=4,first_layers=4", cfg, c4), "");                // 4, 2, 2, 2
+  EXPECT_EQ(why("pp=4,last_layers=1", cfg, c4), "");                  // 3, 3, 3, 1
+  for (const char* bad : {"pp=4,first_layers=2,last_layers=3",  // 5 left for 2 stages
+                          "pp=4,first_layers=8",                 // 2 left for 3 stages
+                          "pp=4,first_layers=-1",
+                          "dp=4,first_layers=3"})                // pp = 1
+    EXPECT_TRUE(names_both(why(bad, cfg, c4))) << bad << ": " << why(bad, cfg, c4);
+  const Cluster c2 = cluster("a100-80g:2");
+  EXPECT_EQ(why("pp=2,first_layers=4,last_layers=6", cfg, c2), "");
+  EXPECT_TRUE(names_both(why("pp=2,first_layers=4,last_layers=5", cfg, c2)))
+      << "with pp = 2 the two edges are every layer";
+  // Interleaving: v divides the evenly split stages (3 layers here), not the edge stage.
+  EXPECT_EQ(why("pp=4,first_layers=1,last_layers=3,v=3", cfg, c4), "");
+  EXPECT_NE(why("pp=4,first_layers=1,last_layers=3,v=2", cfg, c4).find("virtual_stages"),
+            std::string::npos);
+
+  // Parameters and memory of 1, 3, 3, 3 layers over 4 stages, by hand: a layer 12h^2 + 13h (with
+  // biases), the embedding and positions on the first stage, ln_f and the tied head's copy on
+  // the last.
+  const int64_t h = 64, layer = 12 * h * h + 13 * h, E = 256 * h, positions = 32 * h;
+  const int64_t N[4] = {layer + E + positions, 3 * layer, 3 * layer, 3 * layer + 2 * h + E};
+  const Plan skewed = plan_of("pp=4,first_layers=1,last_layers=3");
+  EXPECT_EQ(OBSERVE(params_per_gpu(cfg, skewed)), N[3]);
+  EXPECT_EQ(OBSERVE(params_per_gpu(cfg, plan_of("pp=4,first_layers=3,last_layers=1"))),
+            3 * layer + E + positions)
+      << "the first stage's count is the first stage's";
+  const CostModel cm = cost(0.5, 1, 0);
+  const double A =
+      observed(memory_per_gpu(cfg, cluster("a100-80g:1"), Plan{}, 1, cm)).activations / 10;
+  // 1F1B with m = 8: stage r holds min(m, p - r) micro-batches of its layers. Every stage is a
+  // GPU; the fullest is the answer (here the second: three layers, three micro-batches).
+  const int64_t layers[4] = {1, 3, 3, 3};
+  const auto mem = observed(memory_per_gpu(cfg, c4, skewed, 8, cm));
+  double most = 0;
+  int fullest = -1;
+  for (int r = 0; r < 4; ++r) {
+    const double total = 18.0 * static_cast<double>(N[r]) +
+                         static_cast<double>(layers[r] * std::min(8, 4 - r)) * A + mem.logits;
+    if (total > most) most = total, fullest = r;
+  }
+  ASSERT_EQ(fullest, 1);
+  EXPECT_NEAR(mem.total(), most, 1e-9 * most);
+  EXPECT_NEAR(mem.states, 18.0 * static_cast<double>(N[1]), 1.0) << "the fullest stage's state";
+  EXPECT_NEAR(mem.activations, 9 * A, 1e-9 * A) << "3 layers x 3 micro-batches";
+
+  // Time: the slowest stage. 2, 6, 2 layers: the middle one sets the pace (no head there).
+  const Cluster c3 = cluster("a100-80g:3");
+  const auto st = observed(step_time(cfg, c3, plan_of("pp=3,first_layers=2,last_layers=2"), 6,
+                                     cost(0.6, 0, 0)));
+  const double s = 32, f = 4 * h;
+  const double F = 2 * s * (4 * h * h + 2 * h * f) + 4 * s * 32 * h;
+  EXPECT_NEAR(st.compute, 6 * 6 * 3 * F / (312e12 * 0.6), 1e-9 * st.compute)
+      << "6 micro-batches through the 6 layers of the middle stage";
+}
+
+// Every published run the model prices ran on its GPUs: the model must not need more memory
+// per GPU than the GPU has (the planner's own budget, usable_memory, is a margin below that).
+TEST(Fits, PublishedRunsFitTheirGpus) {
+  LAB20_SINGLE_PROCESS();
+  int checked = 0;
+  for (const auto& run : dtl::lab20::published_runs()) {
+    if (!run.outside_model.empty()) continue;
+    const Cluster cl = cluster(run.cluster);
+    const Estimate e = observed(estimate(model_by_name(run.model), cl, run.plan, run.global_batch,
+                                         dtl::lab20::cost_for(run)));
+    std::printf("%-22s %5.1f GiB of %2.0f  %s\n", run.name.c_str(), e.memory_gb_per_gpu,
+                cl.memory_bytes / kGiB, run.plan.describe().c_str());
+    EXPECT_LE(e.memory.total(), cl.memory_bytes)
+        << run.name << " ran with " << run.plan.describe() << " (" << run.source << ")";
+    ++checked;
+  }
+  EXPECT_GE(checked, 18);
+}
+
 TEST(Fits, ModelStateIsZerosAccounting) {
   LAB20_SINGLE_PROCESS();
   const GPTConfig m = model_by_name("megatron-145.6b");
@@ -521,7 +616,9 @@ TEST(Plan, ConsidersEveryCandidate) {
 
 // The planner against what the authors of each published run chose, by its own model: its
 // choice fits, and where the published layout fits too, the choice predicts at least 0.95 x
-// the published layout's tokens/s (the published layout is one of the candidates).
+// the published layout's tokens/s (the published layout is one of the candidates; the planner
+// splits the layers evenly, so a layout with edge stages of their own is compared as its
+// even-split twin).
 TEST(Plan, MatchesOrBeatsEveryPublishedLayout) {
   LAB20_SINGLE_PROCESS();
   for (const auto& run : dtl::lab20::published_runs()) {
@@ -529,13 +626,15 @@ TEST(Plan, MatchesOrBeatsEveryPublishedLayout) {
                                          run.global_batch, dtl::lab20::cost_for(run));
     const Estimate chosen = observed(report.chosen().estimate);
     EXPECT_TRUE(chosen.fits) << run.name;
+    Plan candidate = run.plan;
+    candidate.first_stage_layers = candidate.last_stage_layers = 0;
     const Estimate published =
-        observed(estimate(model_by_name(run.model), cluster(run.cluster), run.plan,
+        observed(estimate(model_by_name(run.model), cluster(run.cluster), candidate,
                           run.global_batch, dtl::lab20::cost_for(run)));
     if (!published.fits) continue;
     EXPECT_GE(chosen.tokens_per_s, 0.95 * published.tokens_per_s)
         << run.name << ": the planner's choice " << chosen.plan.describe()
-        << " predicts less than 0.95 x the published layout " << run.plan.describe();
+        << " predicts less than 0.95 x the published layout " << candidate.describe();
   }
 }
 
@@ -644,6 +743,7 @@ TEST(Train, RejectsWhatItCannotBuild) {
     rejects("dp=4,zero=2,ckpt=selective", "checkpointing", o);
   }
   rejects(fmt::format("dp={},mb=5", n), "global_batch", o);
+  if (n % 2 == 0) rejects(fmt::format("pp=2,dp={},first_layers=1", n / 2), "first_layers", o);
   TrainOptions with_dir = o;
   with_dir.checkpoint_dir = "unused";
   rejects(fmt::format("dp={},zero=1", n), "checkpoint", with_dir);

@@ -63,8 +63,9 @@ inline Plan plan_of(const std::string& text) { return dtl::lab20::parse_plan(tex
 
 using dtl::testing::Source;
 
-// An Estimate as 25 numbers: the plan (tp, pp, dp, cp, zero, checkpointing, micro_batch,
-// virtual_stages), the memory (3), the step time (8), fits, and the five figures.
+// An Estimate as 27 numbers: the plan (tp, pp, dp, cp, zero, checkpointing, micro_batch,
+// virtual_stages, first and last stage layers), the memory (3), the step time (8), fits, and
+// the five figures.
 inline std::vector<double> estimate_values(const Estimate& e) {
   const Plan& p = e.plan;
   const auto& m = e.memory;
@@ -77,6 +78,8 @@ inline std::vector<double> estimate_values(const Estimate& e) {
           double(static_cast<int>(p.checkpointing)),
           double(p.micro_batch),
           double(p.virtual_stages),
+          double(p.first_stage_layers),
+          double(p.last_stage_layers),
           m.states,
           m.activations,
           m.logits,
@@ -97,7 +100,7 @@ inline std::vector<double> estimate_values(const Estimate& e) {
 }
 inline Estimate estimate_from(const std::vector<double>& v, const char* file, int line) {
   Estimate e;
-  if (v.size() != 25) {
+  if (v.size() != 27) {
     ADD_FAILURE_AT(file, line) << "an Estimate recorded with " << v.size() << " numbers";
     return e;
   }
@@ -105,11 +108,12 @@ inline Estimate estimate_from(const std::vector<double>& v, const char* file, in
   p.tp = int(v[0]), p.pp = int(v[1]), p.dp = int(v[2]), p.cp = int(v[3]), p.zero_stage = int(v[4]);
   p.checkpointing = static_cast<Checkpointing>(int(v[5]));
   p.micro_batch = int64_t(v[6]), p.virtual_stages = int(v[7]);
-  e.memory = {v[8], v[9], v[10]};
-  e.time = {v[11], v[12], v[13], v[14], v[15], v[16], v[17], v[18]};
-  e.fits = v[19] != 0;
-  e.memory_gb_per_gpu = v[20], e.step_s = v[21], e.tokens_per_s = v[22];
-  e.tflops_per_gpu = v[23], e.mfu = v[24];
+  p.first_stage_layers = int(v[8]), p.last_stage_layers = int(v[9]);
+  e.memory = {v[10], v[11], v[12]};
+  e.time = {v[13], v[14], v[15], v[16], v[17], v[18], v[19], v[20]};
+  e.fits = v[21] != 0;
+  e.memory_gb_per_gpu = v[22], e.step_s = v[23], e.tokens_per_s = v[24];
+  e.tflops_per_gpu = v[25], e.mfu = v[26];
   return e;
 }
 inline Estimate observed(const Estimate& e, const char* file = __builtin_FILE(),
