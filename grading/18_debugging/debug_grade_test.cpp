@@ -5,7 +5,10 @@
 // analyzer cases (two dead ranks, dtype and op mismatches, ties, a cycle on two ranks, failed
 // ranks, world sizes that disagree); fingerprints of roots, reductions, sequence numbers and
 // uneven all_gather / reduce_scatter chunks; NaN on several ranks and on a sub-Comm; tied
-// weights in the OOM report; and faults on other ranks and world sizes.
+// weights in the OOM report; the replica check's hash of bytes in every dtype and strides, its
+// majority on a sub-Comm, a real model among many tensors; and faults on other ranks and world
+// sizes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -443,6 +446,88 @@ TEST(GradeOom, SharedStoragesCountOnce) {
   EXPECT_THAT(f.message, ::testing::HasSubstr("step 9"));
 }
 
+// ---------------------------------------------------------------- Task 7
+
+// Bytes, not values: +0.0 and -0.0 compare equal, and float64 and integer dtypes hash their own
+// bytes; the published FNV-1a vector on a strided slice of a larger tensor.
+TEST(GradeReplicas, BytesNotValuesInEveryDtype) {
+  auto f = torch::TensorOptions().device(device());
+  torch::Tensor zeros = torch::zeros({4}, f), negative = zeros.clone();
+  negative[2] = -0.0;
+  ASSERT_TRUE(torch::equal(zeros, negative)) << "equal values";
+  EXPECT_NE(OBSERVE(content_hash(zeros)), OBSERVE(content_hash(negative))) << "different bytes";
+  // "foobar" as every other byte of a longer buffer: the slice's elements, not its storage.
+  const std::string padded = "fxoxoxbxaxrx";
+  torch::Tensor buffer =
+      torch::tensor(std::vector<int64_t>(padded.begin(), padded.end()), torch::kInt64).to(torch::kUInt8).to(device());
+  EXPECT_EQ(OBSERVE(content_hash(buffer.slice(0, 0, 12, 2))), 0x85944171f73967e8ULL);
+  for (torch::ScalarType dtype : {torch::kFloat64, torch::kInt64, torch::kInt32, torch::kFloat16}) {
+    torch::Tensor t = torch::arange(1, 10, f).to(dtype).reshape({3, 3});
+    torch::Tensor u = t.clone();
+    u.view({-1})[8] = 10;
+    EXPECT_NE(OBSERVE(content_hash(u)), OBSERVE(content_hash(t))) << c10::toString(dtype);
+    EXPECT_EQ(OBSERVE(content_hash(t.t().contiguous().t())), OBSERVE(content_hash(t))) << c10::toString(dtype);
+  }
+}
+
+// With three ranks or more, rank 0 can be the odd one: the majority decides, not rank 0. On a
+// Comm of some ranks, the culprit is named by its world rank.
+TEST(GradeReplicas, MajorityNotRankZeroAndWorldRanksOfASubComm) {
+  auto comm = named_comm("grep");
+  const int n = comm->size(), r = comm->rank();
+  auto f = torch::TensorOptions().device(device());
+  auto params = [&] {
+    return NamedTensors{{"a", torch::linspace(0, 1, 10, f)}, {"b", torch::linspace(1, 2, 7, f).reshape({7, 1})}};
+  };
+  if (n >= 3) {
+    NamedTensors p = params();
+    if (r == 0) p[1].second[6][0] = 2.5;
+    const Raised e = raised_by<DivergenceError>([&] { check_replicas(*comm, p, 1); });
+    EXPECT_TRUE(e.raised);
+    EXPECT_EQ(e.finding.name, "b");
+    EXPECT_EQ(e.finding.ranks, std::vector<int>({0}));
+  }
+  // The odd world ranks: on their Comm the last of them is off in "a".
+  auto odd = comm->split(r % 2, r, "grep-odd");
+  if (r % 2 == 1) {
+    const int last_odd = n % 2 == 0 ? n - 1 : n - 2;
+    NamedTensors p = params();
+    if (r == last_odd && odd->size() > 1) p[0].second[9] = 7.0;
+    const Raised e = raised_by<DivergenceError>([&] { check_replicas(*odd, p, 3); });
+    EXPECT_EQ(e.raised, odd->size() > 1);
+    if (e.raised) EXPECT_EQ(e.finding.ranks, std::vector<int>({last_odd}));
+  }
+  comm->barrier();
+}
+
+// A real model, 300 more tensors, one collective: its last parameter off by one ULP on the last
+// rank is found and counted.
+TEST(GradeReplicas, AModelAndManyTensorsInOneCollective) {
+  auto comm = named_comm("grep-model");
+  const int n = comm->size(), r = comm->rank();
+  dtl::model::GPT m(dtl::model::GPTConfig::tiny());
+  m->to(device());
+  NamedTensors params;
+  for (const auto& item : m->named_parameters()) params.emplace_back(item.key(), item.value());
+  auto f = torch::TensorOptions().device(device());
+  for (int i = 0; i < 300; ++i) params.emplace_back("extra." + std::to_string(i), torch::full({2}, i, f));
+  const int64_t before = MEASURED(comm->stats()).total_count();
+  check_replicas(*comm, params, 0);  // the same seed on every rank: the same model
+  if (r == n - 1 && n > 1) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor last = params[params.size() - 301].second;  // the model's last parameter
+    last.detach().view({-1}).narrow(0, 0, 1).view(torch::kInt32).bitwise_xor_(1);
+  }
+  const Raised e = raised_by<DivergenceError>([&] { check_replicas(*comm, params, 1); });
+  EXPECT_EQ(MEASURED(comm->stats()).total_count() - before, 2) << "one collective per check";
+  EXPECT_EQ(e.raised, n > 1);
+  if (e.raised) {
+    EXPECT_EQ(e.finding.name, params[params.size() - 301].first);
+    EXPECT_EQ(e.finding.ranks, std::vector<int>({n - 1}));
+    EXPECT_THAT(e.message, ::testing::HasSubstr(fmt::format("1 of {}", params.size())));
+  }
+}
+
 // ---------------------------------------------------------------- faults on other ranks
 
 TEST(GradeFaults, SkipOnTheLastOfFourRanks) {
@@ -457,6 +542,15 @@ TEST(GradeFaults, CrashOfRankZeroOnTwoRanks) {
   expect_culprit(r, "dead", {0}, "grads", grads_allreduce_seq(1));
   EXPECT_EQ(r.report.value("reporter", -1), 1);
   EXPECT_EQ(r.dumps, std::vector<int>({1}));
+}
+
+// A flipped bit on rank 0 of four: the majority (ranks 1-3) names rank 0.
+TEST(GradeFaults, FlipOnRankZeroOfFour) {
+  LAB18_ONLY_AT_WORLD_SIZE_1();
+  const FaultRun r = fault_job("flip (4 ranks, rank 0, replica check)", 4, "flip", 0, false, /*replica=*/true);
+  expect_culprit(r, "divergence", {0});
+  EXPECT_EQ(r.first.name, "blocks.0.mlp.fc.weight");
+  EXPECT_EQ(r.first.step, 1);
 }
 
 TEST(GradeFaults, NanOnRankZeroInDesyncMode) {

@@ -10,6 +10,8 @@
 // BM_Desync/0|1     the same all_reduce on a CheckedComm, not checking / checking: the check is
 //                   one more collective per collective
 // BM_CheckFinite    check_finite over the gradients of a GPT (one collective, one host copy)
+// BM_CheckReplicas  check_replicas over the parameters of the same GPT: hashing every byte, then
+//                   one collective (GB_per_s: the bytes hashed per second on each rank)
 // BM_Dump           FlightRecorder::dump of a full ring of 2000 entries
 // Every timed call is checked: the all-reduce's sum, a check that finds nothing, a dump that
 // holds every entry.
@@ -145,6 +147,36 @@ void BM_CheckFinite(benchmark::State& state) {
   }
 }
 
+void BM_CheckReplicas(benchmark::State& state) {
+  try {
+    dtl::Comm& comm = *bench_comm();
+    dtl::model::GPT m(dtl::model::GPTConfig::small());  // the same seed on every rank: equal replicas
+    m->to(comm.device());
+    NamedTensors params;
+    int64_t bytes = 0;
+    for (const auto& item : m->named_parameters()) {
+      params.emplace_back(item.key(), item.value());
+      bytes += static_cast<int64_t>(item.value().nbytes());
+    }
+    for (auto _ : state) {
+      const int64_t before = comm.stats().total_count();
+      {
+        dtl::bench::Iteration it(state);
+        check_replicas(comm, params, 0);
+      }
+      if (comm.stats().total_count() - before != 1) {
+        state.SkipWithError("wrong result: check_replicas must be one collective");
+        break;
+      }
+    }
+    state.counters["tensors"] = static_cast<double>(params.size());
+    state.counters["MB"] = static_cast<double>(bytes) / 1e6;
+    state.counters["GB_per_s"] = static_cast<double>(bytes) / 1e9 / dtl::bench::mean_iteration_seconds(state);
+  } catch (const dtl::Error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void BM_Dump(benchmark::State& state) {
   const size_t kEntries = 2000;
   try {
@@ -185,6 +217,7 @@ BENCHMARK(BM_Recorded)->Arg(0)->Arg(1)->Iterations(2000)->UseManualTime()->Unit(
 BENCHMARK(BM_Record)->Iterations(20)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Desync)->Arg(0)->Arg(1)->Iterations(2000)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CheckFinite)->Iterations(50)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CheckReplicas)->Iterations(10)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Dump)->Iterations(10)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -201,4 +201,23 @@ OomReport oom_report(const OutOfMemory& e, const NamedTensors& parameters,
 
 Finding OomReport::finding() const { DTL_UNIMPLEMENTED("lab 18: OomReport::finding (Task 6)"); }
 
+// ================================================================ Task 7: replica divergence
+
+uint64_t content_hash(const torch::Tensor& t) {
+  // TODO(lab18): Task 7. FNV-1a over the tensor's bytes, as debug.hpp specifies.
+  //  - Which bytes are "the elements in row-major order" for a transposed view, or a tensor on
+  //    a GPU?
+  //  - Why not hash the sum of the values: which two corruptions would it miss?
+  (void)t;
+  DTL_UNIMPLEMENTED("lab 18: content_hash (Task 7)");
+}
+
+void check_replicas(Comm& comm, const NamedTensors& tensors, int64_t step) {
+  // TODO(lab18): Task 7. One collective for all the tensors; then the first tensor whose hashes
+  // differ, and the ranks outside its majority (your desync check decides the same way).
+  //  - Two ranks, two different hashes: which one is "the odd one", and how sure can you be?
+  (void)comm, (void)tensors, (void)step;
+  DTL_UNIMPLEMENTED("lab 18: check_replicas (Task 7)");
+}
+
 }  // namespace dtl::lab18

@@ -3,7 +3,8 @@
 // defines: (given) NamedTensors, Finding, Analysis, format_ranks, describe_op, to_json/from_json
 // of a Finding, PeriodicThread, end_job, TrainConfig, Fault, Trainer, JobConfig, debug_job;
 // (yours) FrEntry, FlightRecorder, WatchdogOptions, Watchdog, analyze, Fingerprint, DesyncError,
-// CheckedComm, first_non_finite, NonFiniteError, check_finite, OomReport, oom_report.
+// CheckedComm, first_non_finite, NonFiniteError, check_finite, OomReport, oom_report,
+// content_hash, DivergenceError, check_replicas.
 //
 // Debugging a distributed job means answering, from outside the stuck processes, "which rank,
 // which collective, why". The tools, built here on the runtime's op records (dtl::OpRecord,
@@ -16,6 +17,8 @@
 //   CheckedComm     desync check mode: fingerprints each collective across ranks before it runs
 //   check_finite    the first non-finite gradient or activation, its parameter, rank and step
 //   oom_report      on dtl::OutOfMemory: live bytes by owner and the largest tensors
+//   check_replicas  data-parallel replicas whose parameters silently drifted apart: the first
+//                   parameter that differs and the ranks that hold the odd copy
 //
 // The dump directory DIR, one per job (a fresh directory: the tests and the demo make one):
 //   DIR/rank-<r>.json   world rank r's dump (FlightRecorder::dump)
@@ -57,11 +60,11 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 // One diagnosis: what the analyzer names, and what a rank that failed records in its dump.
 //   kind        analyzer: "dead", "mismatch", "missing", "straggler", "none";
 //               failures: "desync" (CheckedComm), "nan" (check_finite), "oom" (oom_report),
-//               "error" (any other exception)
+//               "divergence" (check_replicas), "error" (any other exception)
 //   ranks       the ranks at fault, ascending (empty for "none")
 //   comm, seq, op   the collective concerned: "grads", 9, "all_reduce" ("", 0, "" if none)
-//   name        nan: the parameter or activation; oom: the phase ("forward", ...)
-//   step        nan, oom: the training step (-1 if none)
+//   name        nan, divergence: the parameter or activation; oom: the phase ("forward", ...)
+//   step        nan, oom, divergence: the training step (-1 if none)
 //   message     one paragraph for a human: names the ranks (format_ranks), the collective
 //               (describe_op) or the parameter and step, and what happened
 struct Finding {
@@ -358,6 +361,42 @@ OomReport oom_report(const OutOfMemory& e, const NamedTensors& parameters,
                      const NamedTensors& optimizer_state, int64_t step, const std::string& phase,
                      size_t k = 5);
 
+// ---------------------------------------------------------------- Task 7: replica divergence
+
+// Data-parallel replicas start from the same weights and apply the same averaged gradient, so
+// after every step they hold bit-identical parameters. When they do not (a rank that applied
+// its own gradient instead of the average, a non-deterministic kernel, a flipped bit in memory),
+// no collective notices: every all-reduce still has matching sizes, and the job trains on, each
+// replica a slightly different model. The check compares the parameters' contents.
+
+// A deterministic hash of a tensor's contents: 64-bit FNV-1a (offset basis 0xcbf29ce484222325,
+// prime 0x100000001b3, one byte at a time: h = (h ^ byte) * prime) over the bytes of its
+// elements in row-major order, i.e. of t.contiguous() copied to the host, whatever its strides,
+// its device or its dtype. So equal on every rank and in every run for equal bytes; any one bit
+// changed (one element one ULP away) or two elements swapped changes it. A uint8 tensor holding
+// the bytes of "a" hashes to 0xaf63dc4c8601ec8c, an empty tensor to the offset basis.
+uint64_t content_hash(const torch::Tensor& t);
+
+// DivergenceError: the replicas' parameters differ. finding: kind "divergence", name the first
+// tensor (in the order given) whose hash is not the same on every rank, ranks = the (world)
+// ranks whose hash of it differs from the one most ranks hold (ties: the one the lowest rank
+// holds, as for DesyncError), step; comm, seq, op left empty (no collective is at fault).
+// Message: "replicas diverge at step <s>: parameter '<name>' differs on <format_ranks> from
+// <format_ranks of the majority>", and "<k> of <P> parameters differ".
+struct DivergenceError : Error {
+  DivergenceError(const std::string& what, Finding f) : Error(what), finding(std::move(f)) {}
+  Finding finding;
+};
+
+// Collective over comm (the data-parallel group): hashes every tensor locally (content_hash)
+// and compares the hashes across ranks in ONE collective whatever the number of tensors (an
+// all_gather of one 64-bit word per tensor, not a collective per tensor). When any tensor's hash
+// differs between ranks, raises DivergenceError on every rank. Every rank passes tensors of the
+// same names and sizes in the same order (the model's: named_parameters()); no tensors: nothing
+// to compare, no collective. Call it between steps, every N steps: hashing reads every byte of
+// the model (on a GPU, a copy of every parameter to the host).
+void check_replicas(Comm& comm, const NamedTensors& tensors, int64_t step);
+
 // ================================================================ given: a job to debug
 
 // A data-parallel trainer of the course GPT with two named Comms, split from the world:
@@ -369,9 +408,11 @@ OomReport oom_report(const OutOfMemory& e, const NamedTensors& parameters,
 //   CheckedComm over "grads" (checking when desync_check); AdamW; one all_reduce of the loss on
 //   "metrics". So per step "grads" has ops 3 step + 1, 3 step + 2 (the checks) and 3 step + 3
 //   (the gradients), or just step + 1 without nan_check, all one later with desync_check (the
-//   CheckedComm's split is op 1 of "grads"); "metrics" has op step + 1.
+//   CheckedComm's split is op 1 of "grads"); "metrics" has op step + 1, or with replica_check
+//   ops 2 step + 1 (the loss) and 2 step + 2 (check_replicas(metrics, parameters, step) at the
+//   end of the step).
 struct Fault {
-  std::string kind;   // "" (none), "skip", "shape", "sleep", "crash", "oom", "nan"
+  std::string kind;   // "" (none), "skip", "shape", "sleep", "crash", "oom", "nan", "flip"
   int rank = 1;       // the world rank it happens on
   int64_t step = 1;   // the step it happens in
 };
@@ -383,6 +424,9 @@ struct Fault {
 //   crash  kills itself (SIGKILL) before the gradient all-reduce
 //   oom    sets a memory limit just above what is live before the forward (CPU only)
 //   nan    writes a NaN into the gradient of parameter nan_param after the backward
+//   flip   flips the lowest bit of the first element of parameter nan_param after the optimizer
+//          step: one ULP, a silent corruption that no collective notices (replica_check finds
+//          it; without it the job trains on, its replicas no longer the same model)
 // Before injecting, rank `rank` writes DIR/fault.json {"kind", "rank", "step", "time"}.
 struct TrainConfig {
   model::GPTConfig model;      // default: tiny (test sizes)
@@ -392,7 +436,8 @@ struct TrainConfig {
   uint64_t data_seed = 18;
   bool desync_check = false;
   bool nan_check = true;
-  std::string nan_param = "blocks.0.mlp.fc.weight";
+  bool replica_check = false;  // check_replicas at the end of every step
+  std::string nan_param = "blocks.0.mlp.fc.weight";  // the parameter of the nan and flip faults
   Fault fault;
   std::string dump_dir;        // where fault.json goes
   TrainConfig();
@@ -404,7 +449,7 @@ class Trainer {
   ~Trainer();
   float step(int64_t step);                         // collective; the global mean loss
   // The part of step() running (or that raised): "forward", "activation check", "backward",
-  // "gradient check", "gradient all-reduce", "optimizer", "metrics".
+  // "gradient check", "gradient all-reduce", "optimizer", "metrics", "replica check".
   const std::string& phase() const;
   NamedTensors named_parameters() const;
   NamedTensors named_optimizer_state() const;       // "<param>.exp_avg", "<param>.exp_avg_sq"
@@ -418,9 +463,9 @@ class Trainer {
 
 // A whole debugged job, every rank: a FlightRecorder (attached) and a Watchdog on dump_dir;
 // `steps` training steps; an exception of a step is turned into a Finding (oom_report for
-// dtl::OutOfMemory, the finding of DesyncError and NonFiniteError, kind "error" for any other
-// dtl::Error) and handed to Watchdog::fail, after which the rank waits for the watchdog to end
-// the job. Without a fault every rank dumps "on demand: end of run" and rank 0 prints
+// dtl::OutOfMemory, the finding of DesyncError, NonFiniteError and DivergenceError, kind "error"
+// for any other dtl::Error) and handed to Watchdog::fail, after which the rank waits for the
+// watchdog to end the job. Without a fault every rank dumps "on demand: end of run" and rank 0 prints
 // analyze(dump_dir). Returns 0.
 struct JobConfig {
   TrainConfig train;

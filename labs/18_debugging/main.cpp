@@ -7,6 +7,8 @@
 //   ./lab run 18 -- --fault crash        it is killed (SIGKILL)
 //   ./lab run 18 -- --fault oom          it runs out of memory (a memory limit)
 //   ./lab run 18 -- --fault nan          a NaN in its gradient of blocks.0.mlp.fc.weight
+//   ./lab run 18 -- --fault flip         one bit of its blocks.0.mlp.fc.weight flips: nothing notices
+//   ./lab run 18 -- --fault flip --replica-check    ... until the replicas' hashes are compared
 //   ./lab run 18 -n 4 -- --fault skip --fault-rank 3 --timeout 3
 //   ./lab debug DIR                      the analyzer alone, on the dumps in DIR
 //
@@ -40,7 +42,7 @@ struct Flags {
   int fault_rank = 1;
   int64_t fault_step = 1, steps = 4;
   double timeout = 2, grace = 1;
-  bool desync = false, worker = false;
+  bool desync = false, replica = false, worker = false;
 };
 
 nlohmann::json read_json(const std::string& path) {
@@ -58,6 +60,7 @@ int worker(const Flags& f) {
   c.train.steps = f.steps;
   c.train.fault = {f.fault, f.fault_rank, f.fault_step};
   c.train.desync_check = f.desync || f.fault == "shape";
+  c.train.replica_check = f.replica;
   c.watchdog.dir = f.dir;
   c.watchdog.timeout_s = f.timeout;
   c.watchdog.grace_s = f.grace;
@@ -71,10 +74,11 @@ int supervise(const Flags& f, int ranks) {
     dir = (fs::path(base && *base ? base : "/tmp") / "dtl-lab18-demo-XXXXXX").string();
     DTL_CHECK(mkdtemp(dir.data()) != nullptr, "mkdtemp failed");
   }
-  std::printf("lab 18: %lld steps on %d ranks, fault: %s%s; watchdog timeout %.1f s; dumps in %s\n\n",
+  std::printf("lab 18: %lld steps on %d ranks, fault: %s%s%s; watchdog timeout %.1f s; dumps in %s\n\n",
               static_cast<long long>(f.steps), ranks,
               f.fault.empty() ? "none" : fmt::format("{} on rank {} in step {}", f.fault, f.fault_rank, f.fault_step).c_str(),
-              f.desync || f.fault == "shape" ? " (desync check on)" : "", f.timeout, dir.c_str());
+              f.desync || f.fault == "shape" ? " (desync check on)" : "",
+              f.replica ? " (replica check on)" : "", f.timeout, dir.c_str());
   std::fflush(stdout);
   std::vector<std::string> args = {"--worker", "--dir", dir, "--steps", std::to_string(f.steps),
                                    "--timeout", std::to_string(f.timeout), "--grace", std::to_string(f.grace),
@@ -82,6 +86,7 @@ int supervise(const Flags& f, int ranks) {
                                    std::to_string(f.fault_step)};
   if (!f.fault.empty()) args.insert(args.end(), {"--fault", f.fault});
   if (f.desync) args.push_back("--desync");
+  if (f.replica) args.push_back("--replica-check");
   const double limit = f.timeout + 4 * f.grace + 60;
   const auto job = dtl::testing::run_mpi_job(ranks, dtl::testing::self_exe(), args, limit,
                                              dtl::testing::survivors_live_on_env());
@@ -109,13 +114,14 @@ int main(int argc, char** argv) {
   CLI::App app{"Lab 18 demo: inject a fault, let the flight recorder, the watchdog and the analyzer name it"};
   dtl::RuntimeOptions ropts = dtl::RuntimeOptions::from_env();
   ropts.add_to(app);
-  app.add_option("--fault", f.fault, "skip | shape | sleep | crash | oom | nan (default: none)");
+  app.add_option("--fault", f.fault, "skip | shape | sleep | crash | oom | nan | flip (default: none)");
   app.add_option("--fault-rank", f.fault_rank, "the rank it happens on");
   app.add_option("--fault-step", f.fault_step, "the step it happens in");
   app.add_option("--steps", f.steps, "training steps");
   app.add_option("--timeout", f.timeout, "the watchdog's timeout, seconds");
   app.add_option("--grace", f.grace, "how long the reporter waits for every rank's dump, seconds");
   app.add_flag("--desync", f.desync, "desync check mode (fingerprint every gradient all-reduce)");
+  app.add_flag("--replica-check", f.replica, "compare the replicas' parameter hashes after every step");
   app.add_option("--dir", f.dir, "the dump directory (default: a new one under $TMPDIR)");
   app.add_option("--analyze", f.analyze, "only analyse the dumps in this directory (./lab debug DIR)");
   app.add_flag("--worker", f.worker, "(internal) run as the training job");

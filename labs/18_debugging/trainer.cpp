@@ -171,8 +171,8 @@ Trainer::Trainer(const TrainConfig& config, Comm& world)
                         config.global_batch, world.size()));
   const std::string& k = config.fault.kind;
   DTL_CHECK(k.empty() || k == "skip" || k == "shape" || k == "sleep" || k == "crash" ||
-                k == "oom" || k == "nan",
-            fmt::format("Trainer: unknown fault '{}' (skip, shape, sleep, crash, oom, nan)", k));
+                k == "oom" || k == "nan" || k == "flip",
+            fmt::format("Trainer: unknown fault '{}' (skip, shape, sleep, crash, oom, nan, flip)", k));
   DTL_CHECK(k != "shape" || config.desync_check,
             "Trainer: the shape fault needs desync_check: without it, ranks would run one "
             "all_reduce with different sizes, which MPI and NCCL leave undefined");
@@ -303,9 +303,24 @@ float Trainer::step(int64_t step) {
     memory::Scope tag("optimizer");
     s.optimizer->step();
   }
+  if (s.fault("flip", step)) {
+    write_fault_note(cfg.dump_dir, cfg.fault);
+    // One bit of one element, the lowest of the mantissa: the value moves by one ULP, as after
+    // a bit flip in memory. Every later collective still matches in size on every rank.
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, p] : named_parameters())
+      if (name == cfg.nan_param) {
+        DTL_CHECK(p.scalar_type() == torch::kFloat32, "Trainer: the flip fault needs float32 parameters");
+        p.detach().view({-1}).narrow(0, 0, 1).view(torch::kInt32).bitwise_xor_(1);
+      }
+  }
   s.phase = "metrics";
   torch::Tensor total = loss.detach().reshape({1}).clone();
   s.metrics->all_reduce(total);
+  if (cfg.replica_check) {
+    s.phase = "replica check";
+    check_replicas(*s.metrics, named_parameters(), step);
+  }
   s.phase = "idle";
   return total.item<float>();
 }
@@ -326,6 +341,8 @@ Finding finding_of(const std::exception_ptr& error, const Trainer& trainer, int6
   } catch (const DesyncError& e) {
     return e.finding;
   } catch (const NonFiniteError& e) {
+    return e.finding;
+  } catch (const DivergenceError& e) {
     return e.finding;
   } catch (const NotImplemented&) {
     throw;  // an unfinished lab fails as such

@@ -1,5 +1,6 @@
 // Lab 18 reference: a flight recorder, a watchdog with a file-system side channel, an analyzer
-// that names the culprit, desync check mode, a NaN/Inf detector and an OOM report.
+// that names the culprit, desync check mode, a NaN/Inf detector, an OOM report and a check that
+// data-parallel replicas still hold the same parameters.
 #include "debug.hpp"
 
 #include <fcntl.h>
@@ -56,6 +57,43 @@ std::string ranks_verb(const std::vector<int>& ranks, const char* one, const cha
 
 std::string shape_text(const std::string& dtype, const std::vector<int64_t>& shape) {
   return fmt::format("{}[{}]", dtype.empty() ? "-" : dtype, fmt::join(shape, ","));
+}
+
+// The ranks of a Comm grouped by the value each holds (a fingerprint, a parameter's hash): the
+// groups in order of their lowest rank, and the majority, the largest group, ties going to the
+// group of the lowest rank (the first). The desync check and the replica check both decide
+// with it, from the same all-gathered words on every rank, so every rank reaches the same
+// verdict and raises together.
+template <typename T>
+struct Vote {
+  std::vector<std::pair<T, std::vector<int>>> groups;  // a value, the world ranks holding it
+  size_t majority = 0;
+  bool unanimous() const { return groups.size() <= 1; }
+  const std::vector<int>& majority_ranks() const { return groups[majority].second; }
+  std::vector<int> dissenters() const {  // every rank outside the majority, ascending
+    std::vector<int> out;
+    for (size_t i = 0; i < groups.size(); ++i)
+      if (i != majority) out.insert(out.end(), groups[i].second.begin(), groups[i].second.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+// values[r]: what member r of a Comm holds; world_ranks: Comm::world_ranks().
+template <typename T>
+Vote<T> vote(const std::vector<T>& values, const std::vector<int>& world_ranks) {
+  Vote<T> v;
+  for (size_t r = 0; r < values.size(); ++r) {
+    auto it = std::find_if(v.groups.begin(), v.groups.end(),
+                           [&](const auto& g) { return g.first == values[r]; });
+    if (it == v.groups.end())
+      v.groups.push_back({values[r], {world_ranks[r]}});
+    else
+      it->second.push_back(world_ranks[r]);
+  }
+  for (size_t i = 1; i < v.groups.size(); ++i)
+    if (v.groups[i].second.size() > v.groups[v.majority].second.size()) v.majority = i;
+  return v;
 }
 
 }  // namespace
@@ -479,32 +517,31 @@ Analysis analyze(const std::string& dir) {
         issued_of[e.seq] = issued_of.count(e.seq) ? std::min(issued_of[e.seq], e.issued) : e.issued;
       }
     }
-    for (const auto& [seq, held] : by_seq) {
-      std::map<std::string, std::vector<int>> groups;  // signature -> ranks, ascending
+    for (auto& [seq, held] : by_seq) {
+      std::sort(held.begin(), held.end(), [](const Held& x, const Held& y) { return x.rank < y.rank; });
+      std::vector<std::string> signatures;
+      std::vector<int> holders;
       std::map<std::string, std::string> op_of;
-      for (const Held& h : held) groups[h.signature].push_back(h.rank), op_of[h.signature] = h.op;
-      if (groups.size() < 2) continue;
-      for (auto& [sig, rs] : groups) std::sort(rs.begin(), rs.end());
-      // The majority; ties go to the signature the lowest rank holds.
-      std::string major = groups.begin()->first;
-      for (const auto& [sig, rs] : groups) {
-        const auto& best = groups[major];
-        if (rs.size() > best.size() || (rs.size() == best.size() && rs[0] < best[0])) major = sig;
+      for (const Held& h : held) {
+        signatures.push_back(h.signature);
+        holders.push_back(h.rank);
+        op_of[h.signature] = h.op;
       }
+      const Vote<std::string> v = vote(signatures, holders);
+      if (v.unanimous()) continue;
+      const std::string& major = v.groups[v.majority].first;
       Finding f;
       f.kind = "mismatch";
       f.comm = c;
       f.seq = seq;
       f.op = op_of[major];
+      f.ranks = v.dissenters();
       std::string sides;
-      for (const auto& [sig, rs] : groups) {
-        if (sig == major) continue;
-        f.ranks.insert(f.ranks.end(), rs.begin(), rs.end());
-        sides += fmt::format("{} {}; ", ranks_verb(rs, "holds", "hold"), sig);
-      }
-      std::sort(f.ranks.begin(), f.ranks.end());
+      for (size_t i = 0; i < v.groups.size(); ++i)
+        if (i != v.majority)
+          sides += fmt::format("{} {}; ", ranks_verb(v.groups[i].second, "holds", "hold"), v.groups[i].first);
       f.message = fmt::format("ranks disagree on {}: {}{} {}", describe_op(f.op, seq, c), sides,
-                              ranks_verb(groups[major], "holds", "hold"), major);
+                              ranks_verb(v.majority_ranks(), "holds", "hold"), major);
       found.push_back({2, issued_of[seq], f});
       break;
     }
@@ -656,41 +693,26 @@ void CheckedComm::check(const Fingerprint& mine) {
   check.all_gather(all, send);
   torch::Tensor host = all.cpu();
   const int64_t* w = host.data_ptr<int64_t>();
-  // Group the ranks by fingerprint, in order of each group's lowest rank.
-  std::vector<std::pair<Fingerprint, std::vector<int>>> groups;
-  for (int r = 0; r < n; ++r) {
-    const Fingerprint f = decode(w + r * kWords);
-    const int wr = s_->comm->world_ranks()[r];
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == f; });
-    if (it == groups.end())
-      groups.push_back({f, {wr}});
-    else
-      it->second.push_back(wr);
-  }
-  if (groups.size() == 1) return;
-  // The majority (ties: the group of the lowest rank, which comes first) is what the others
-  // should have issued; every rank computes the same verdict from the same words.
-  size_t major = 0;
-  for (size_t i = 1; i < groups.size(); ++i)
-    if (groups[i].second.size() > groups[major].second.size()) major = i;
+  std::vector<Fingerprint> prints;
+  for (int r = 0; r < n; ++r) prints.push_back(decode(w + r * kWords));
+  // The majority is what the others should have issued.
+  const Vote<Fingerprint> v = vote(prints, s_->comm->world_ranks());
+  if (v.unanimous()) return;
+  const Fingerprint& major = v.groups[v.majority].first;
   Finding f;
   f.kind = "desync";
   f.comm = s_->comm->name();
-  f.seq = groups[major].first.seq;
-  f.op = to_string(groups[major].first.op);
+  f.seq = major.seq;
+  f.op = to_string(major.op);
+  f.ranks = v.dissenters();
   std::string sides;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    if (i == major) continue;
-    f.ranks.insert(f.ranks.end(), groups[i].second.begin(), groups[i].second.end());
-    const bool one = groups[i].second.size() == 1;
-    sides += fmt::format("{} issue{} {}; ", format_ranks(groups[i].second), one ? "s" : "",
-                         groups[i].first.describe());
+  for (size_t i = 0; i < v.groups.size(); ++i) {
+    if (i == v.majority) continue;
+    const auto& [print, ranks] = v.groups[i];
+    sides += fmt::format("{} {}; ", ranks_verb(ranks, "issues", "issue"), print.describe());
   }
-  std::sort(f.ranks.begin(), f.ranks.end());
-  const bool one = groups[major].second.size() == 1;
-  f.message = fmt::format("desync on comm '{}': {}{} issue{} {}", f.comm, sides,
-                          format_ranks(groups[major].second), one ? "s" : "",
-                          groups[major].first.describe());
+  f.message = fmt::format("desync on comm '{}': {}{} {}", f.comm, sides,
+                          ranks_verb(v.majority_ranks(), "issues", "issue"), major.describe());
   throw DesyncError(rank_prefix() + f.message, f);
 }
 
@@ -835,6 +857,63 @@ Finding OomReport::finding() const {
   for (const auto& [tag, bytes] : by_tag) tags += fmt::format("{}{} {}", tags.empty() ? "" : ", ", tag, b(bytes));
   if (!tags.empty()) f.message += " By allocation site (memory::Scope): " + tags + ".";
   return f;
+}
+
+// ================================================================ Task 7: replica divergence
+
+uint64_t content_hash(const torch::Tensor& t) {
+  DTL_CHECK(t.defined(), "content_hash: an undefined tensor has no contents");
+  // contiguous() lays the elements out in row-major order whatever the strides, so a transposed
+  // view hashes as its copy; the host copy is what Megatron's check pays too (it hashes on the
+  // CPU), which is why it runs every N steps, not every step.
+  const torch::Tensor host = t.detach().contiguous().cpu();
+  const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
+  const size_t n = static_cast<size_t>(host.numel()) * host.element_size();
+  // FNV-1a: every byte goes through a xor and a multiplication by an odd prime, so the hash
+  // depends on every bit and on the order of the bytes. A sum of the values would not: it
+  // misses swapped elements and, in floating point, rounds away a one-ULP change.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+void check_replicas(Comm& comm, const NamedTensors& tensors, int64_t step) {
+  const int64_t count = static_cast<int64_t>(tensors.size());
+  if (count == 0) return;
+  // One word per tensor, all of them in one all_gather: a model has hundreds of parameters,
+  // and a collective per parameter would pay hundreds of latencies.
+  std::vector<int64_t> mine;
+  for (const auto& [name, t] : tensors) mine.push_back(static_cast<int64_t>(content_hash(t)));
+  const int n = comm.size();
+  torch::Tensor send = torch::tensor(mine, torch::kInt64).to(comm.device());
+  torch::Tensor all = torch::empty({n * count}, send.options());
+  comm.all_gather(all, send);
+  torch::Tensor host = all.cpu();
+  const int64_t* w = host.data_ptr<int64_t>();  // rank r's hash of tensor i: w[r * count + i]
+  int64_t first = -1, differing = 0;
+  Vote<int64_t> at_first;
+  for (int64_t i = 0; i < count; ++i) {
+    std::vector<int64_t> hashes;
+    for (int r = 0; r < n; ++r) hashes.push_back(w[r * count + i]);
+    Vote<int64_t> v = vote(hashes, comm.world_ranks());
+    if (v.unanimous()) continue;
+    ++differing;
+    if (first < 0) first = i, at_first = std::move(v);
+  }
+  if (first < 0) return;
+  // The first tensor in the model's order: where a corruption spreads from a rank's own update,
+  // every later tensor it touched differs too, and the count says how far it went.
+  Finding f;
+  f.kind = "divergence";
+  f.ranks = at_first.dissenters();
+  f.name = tensors[static_cast<size_t>(first)].first;
+  f.step = step;
+  f.message = fmt::format("replicas diverge at step {}: parameter '{}' differs on {} from {}; {} of {} "
+                          "parameters differ (no collective notices: the data-parallel ranks now "
+                          "train different models)",
+                          step, f.name, format_ranks(f.ranks), format_ranks(at_first.majority_ranks()),
+                          differing, count);
+  throw DivergenceError(rank_prefix() + f.message, f);
 }
 
 }  // namespace dtl::lab18

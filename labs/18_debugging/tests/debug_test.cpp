@@ -1,7 +1,8 @@
 // Lab 18 public tests: the flight recorder, the watchdog and its side channel, the analyzer,
-// desync check mode, the NaN/Inf detector, the OOM report, and every fault injected into a
-// real training job (new processes) ending with a report that names the culprit.
+// desync check mode, the NaN/Inf detector, the OOM report, the replica check, and every fault
+// injected into a real training job (new processes) ending with a report that names the culprit.
 // Run: ./lab test 18.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -674,6 +675,165 @@ TEST(Oom, ReportAttributesLiveBytesToTheirOwners) {
   EXPECT_THAT(f.message, ::testing::HasSubstr("rank " + std::to_string(dtl::world().rank())));
 }
 
+// ---------------------------------------------------------------- Task 7: replica divergence
+
+// Moves element k (in row-major order) of t by one ULP, in place: its lowest bit flips, as a bit
+// flip in memory would do. float32 and bfloat16 (any 4- or 2-byte dtype).
+void flip_lowest_bit(const torch::Tensor& t, int64_t k) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor e = t;
+  std::vector<int64_t> index(t.dim());
+  for (int64_t d = t.dim() - 1, rest = k; d >= 0; --d) index[d] = rest % t.size(d), rest /= t.size(d);
+  for (int64_t i : index) e = e.select(0, i);
+  e.view(t.element_size() == 4 ? torch::kInt32 : torch::kInt16).bitwise_xor_(1);
+}
+
+// A small model's parameters, the same on every rank: float32 and bfloat16, a transposed view
+// and a strided slice among them (parameters need not be contiguous).
+NamedTensors replica_params() {
+  auto f = torch::TensorOptions().device(device());
+  torch::Tensor attn = torch::arange(24, f.dtype(torch::kFloat32)).reshape({4, 6}) / 7;
+  torch::Tensor bias = torch::arange(30, f.dtype(torch::kFloat32)).reshape({5, 6}) / 3;
+  return {{"wte.weight", torch::linspace(-1, 1, 40, f).reshape({8, 5})},
+          {"blocks.0.ln.weight", torch::ones({5}, f)},
+          {"blocks.0.attn.weight", attn.t()},
+          {"blocks.0.mlp.weight", torch::linspace(0, 3, 60, f).reshape({6, 10}).to(torch::kBFloat16)},
+          {"blocks.0.mlp.bias", bias.narrow(1, 1, 3)},
+          {"lm_head.weight", torch::linspace(2, -2, 21, f).reshape({3, 7})}};
+}
+
+// The hash is FNV-1a of the bytes in row-major order: the published test vectors, then what
+// must and must not change it.
+TEST(Replicas, ContentHashIsFnv1aOfTheBytesInRowMajorOrder) {
+  auto bytes = [](const std::string& s) {
+    return torch::tensor(std::vector<int64_t>(s.begin(), s.end()), torch::kInt64).to(torch::kUInt8).to(device());
+  };
+  EXPECT_EQ(OBSERVE(content_hash(bytes("a"))), 0xaf63dc4c8601ec8cULL);
+  EXPECT_EQ(OBSERVE(content_hash(bytes("foobar"))), 0x85944171f73967e8ULL);
+  EXPECT_EQ(OBSERVE(content_hash(torch::empty({0}, torch::TensorOptions().device(device())))),
+            0xcbf29ce484222325ULL);
+  auto f = torch::TensorOptions().device(device());
+  // float32 [1, 2, 3]: the 12 bytes of three little-endian floats (Python: FNV-1a of
+  // struct.pack('<3f', 1, 2, 3)).
+  torch::Tensor x = torch::tensor({1.0f, 2.0f, 3.0f}).to(device());
+  EXPECT_EQ(OBSERVE(content_hash(x)), 0x1de40d89811fe258ULL);
+  // Strides are not contents: a transposed view hashes as its contiguous copy.
+  torch::Tensor m = torch::arange(12, f.dtype(torch::kFloat32)).reshape({3, 4});
+  EXPECT_EQ(OBSERVE(content_hash(m.t())), OBSERVE(content_hash(m.t().contiguous())));
+  EXPECT_NE(OBSERVE(content_hash(m.t())), OBSERVE(content_hash(m))) << "same bytes in another order";
+  // Swapped elements: a sum of the values would not see it.
+  torch::Tensor swapped = torch::tensor({2.0f, 1.0f, 3.0f}).to(device());
+  EXPECT_NE(OBSERVE(content_hash(swapped)), OBSERVE(content_hash(x)));
+  // One ULP anywhere, in float32 and in bfloat16: far inside any tolerance, still a difference.
+  for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::Tensor t = torch::linspace(-3, 3, 257, f).to(dtype).reshape({257});
+    const uint64_t h = OBSERVE(content_hash(t));
+    for (int64_t k : {int64_t{0}, int64_t{128}, int64_t{256}}) {
+      torch::Tensor u = t.clone();
+      flip_lowest_bit(u, k);
+      EXPECT_TRUE(torch::allclose(u.to(torch::kFloat64), t.to(torch::kFloat64), 1e-2, 1e-6))
+          << "a tolerance cannot tell them apart";
+      EXPECT_NE(OBSERVE(content_hash(u)), h) << c10::toString(dtype) << " element " << k;
+    }
+    EXPECT_EQ(OBSERVE(content_hash(t.clone())), h) << "deterministic";
+  }
+}
+
+// Equal replicas: no error at any world size, and one collective for all the parameters,
+// however many there are.
+TEST(Replicas, EqualReplicasPassInOneCollective) {
+  auto comm = named_comm("rep");
+  NamedTensors params = replica_params();
+  int64_t before = MEASURED(comm->stats()).total_count();
+  EXPECT_FALSE(raised_by<DivergenceError>([&] { check_replicas(*comm, params, 3); }).raised);
+  EXPECT_EQ(MEASURED(comm->stats()).total_count() - before, 1) << "one collective per check";
+  auto f = torch::TensorOptions().device(device());
+  NamedTensors many;
+  for (int i = 0; i < 64; ++i) many.emplace_back(fmt::format("p{}", i), torch::full({3}, i * 0.5, f));
+  before = MEASURED(comm->stats()).total_count();
+  EXPECT_FALSE(raised_by<DivergenceError>([&] { check_replicas(*comm, many, 4); }).raised);
+  EXPECT_EQ(MEASURED(comm->stats()).total_count() - before, 1) << "64 parameters, still one collective";
+  // A rank whose parameter is a transposed view holds the same model as one with its copy.
+  if (comm->rank() == 0) params[2].second = params[2].second.contiguous();
+  EXPECT_FALSE(raised_by<DivergenceError>([&] { check_replicas(*comm, params, 5); }).raised)
+      << "the same bytes in another layout";
+}
+
+// The last rank's copy of one parameter is one ULP off at one element (first, middle or last
+// parameter; first, middle or last element; float32, bfloat16, non-contiguous): every rank
+// raises, naming that parameter and that rank, in one collective.
+TEST(Replicas, OneUlpOnOneRankIsNamedWithItsParameterAndRank) {
+  auto comm = named_comm("rep1");
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "a divergence needs a second replica";
+  std::vector<int> others;
+  for (int k = 0; k < n - 1; ++k) others.push_back(k);
+  for (size_t p : {size_t{0}, size_t{2}, size_t{3}, size_t{4}, size_t{5}}) {
+    const int64_t numel = replica_params()[p].second.numel();
+    for (int64_t k : {int64_t{0}, numel / 2, numel - 1}) {
+      NamedTensors params = replica_params();
+      if (r == n - 1) flip_lowest_bit(params[p].second, k);
+      const int64_t before = MEASURED(comm->stats()).total_count();
+      const Raised e = raised_by<DivergenceError>([&] { check_replicas(*comm, params, 9); });
+      const std::string where = fmt::format("parameter {} ('{}'), element {}", p, params[p].first, k);
+      EXPECT_TRUE(e.raised) << where << ": every rank must raise";
+      if (e.raised) {
+        EXPECT_EQ(e.finding.kind, "divergence") << where;
+        EXPECT_EQ(e.finding.name, params[p].first) << where;
+        EXPECT_EQ(e.finding.ranks, std::vector<int>({n - 1})) << where;
+        EXPECT_EQ(e.finding.step, 9) << where;
+        EXPECT_THAT(e.message, ::testing::HasSubstr("replicas diverge")) << where;
+        EXPECT_THAT(e.message, ::testing::HasSubstr("'" + params[p].first + "'")) << where;
+        EXPECT_THAT(e.message, ::testing::HasSubstr("step 9")) << where;
+        EXPECT_THAT(e.message, ::testing::HasSubstr(format_ranks({n - 1}))) << where;
+        EXPECT_THAT(e.message, ::testing::HasSubstr(format_ranks(others))) << where;
+        EXPECT_THAT(e.message, ::testing::HasSubstr("1 of 6")) << where;
+      }
+      EXPECT_EQ(MEASURED(comm->stats()).total_count() - before, 1) << where;
+    }
+  }
+}
+
+// Several parameters differ, on several ranks: the first in the model's order is named, with
+// every rank outside its majority; swapped elements are a difference too.
+TEST(Replicas, TheFirstDifferingParameterAndEveryOddRank) {
+  auto comm = named_comm("rep2");
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "a divergence needs a second replica";
+  // The last rank's lm_head.weight (parameter 5) and wte.weight (parameter 0) are off: the
+  // first in order is named, and the count says how many differ.
+  NamedTensors params = replica_params();
+  if (r == n - 1) flip_lowest_bit(params[5].second, 3), flip_lowest_bit(params[0].second, 39);
+  Raised e = raised_by<DivergenceError>([&] { check_replicas(*comm, params, 2); });
+  EXPECT_TRUE(e.raised);
+  EXPECT_EQ(e.finding.name, "wte.weight");
+  EXPECT_EQ(e.finding.ranks, std::vector<int>({n - 1}));
+  EXPECT_THAT(e.message, ::testing::HasSubstr("2 of 6"));
+  // Two elements of blocks.0.ln.weight swapped on the last rank: a sum would not notice.
+  params = replica_params();
+  if (r == n - 1) params[1].second.copy_(torch::tensor({1.0f, 2.0f, 1.0f, 1.0f, 1.0f}).to(device()));
+  else params[1].second.copy_(torch::tensor({2.0f, 1.0f, 1.0f, 1.0f, 1.0f}).to(device()));
+  e = raised_by<DivergenceError>([&] { check_replicas(*comm, params, 2); });
+  EXPECT_TRUE(e.raised) << "the same values in another order are another parameter";
+  EXPECT_EQ(e.finding.name, "blocks.0.ln.weight");
+  EXPECT_EQ(e.finding.ranks, std::vector<int>({n - 1}));
+  if (n < 3) return;
+  // Every rank from 2 on is off in blocks.0.mlp.bias, each its own way; rank 1 in lm_head.weight.
+  // Ranks 0 and 1 agree on the first differing parameter: with 3 ranks they are the majority
+  // against rank 2; with 4, ranks 2 and 3 each hold a copy of their own.
+  params = replica_params();
+  if (r >= 2) flip_lowest_bit(params[4].second, r - 2);
+  if (r == 1) flip_lowest_bit(params[5].second, 0);
+  e = raised_by<DivergenceError>([&] { check_replicas(*comm, params, 8); });
+  EXPECT_TRUE(e.raised);
+  std::vector<int> odd;
+  for (int k = 2; k < n; ++k) odd.push_back(k);
+  EXPECT_EQ(e.finding.name, "blocks.0.mlp.bias");
+  EXPECT_EQ(e.finding.ranks, odd);
+  EXPECT_THAT(e.message, ::testing::HasSubstr(format_ranks(odd)));
+  EXPECT_THAT(e.message, ::testing::HasSubstr("2 of 6"));
+}
+
 // ---------------------------------------------------------------- faults: new processes
 
 // 3 ranks; rank 1 skips the gradient all-reduce of step 1 (grads #6) and waits in the metrics
@@ -729,6 +889,22 @@ TEST(Faults, NanGradientIsTracedToItsRankAndParameter) {
   EXPECT_EQ(r.first.name, "blocks.0.mlp.fc.weight");
   EXPECT_EQ(r.first.step, 1);
   EXPECT_EQ(r.dumps, std::vector<int>({0, 1, 2, 3}));
+}
+
+// 3 ranks; one bit of rank 2's blocks.0.mlp.fc.weight flips after the optimizer step of step 1.
+// Without the replica check the job trains to the end and nothing notices; with it, the report
+// names the parameter, the rank and the step.
+TEST(Faults, FlippedBitIsSilentUntilTheReplicasAreCompared) {
+  LAB18_ONLY_AT_WORLD_SIZE_1();
+  const FaultRun silent = fault_job("flip (3 ranks, no replica check)", 3, "flip", 2);
+  EXPECT_TRUE(silent.job.ok()) << silent.job.describe();
+  EXPECT_THAT(silent.job.output, ::testing::HasSubstr("no culprit"));
+  EXPECT_FALSE(silent.trigger);
+  const FaultRun r = fault_job("flip (3 ranks, replica check)", 3, "flip", 2, false, /*replica=*/true);
+  expect_culprit(r, "divergence", {2});
+  EXPECT_EQ(r.first.name, "blocks.0.mlp.fc.weight");
+  EXPECT_EQ(r.first.step, 1);
+  EXPECT_EQ(r.dumps, std::vector<int>({0, 1, 2}));
 }
 
 // Without a fault the job trains to the end, every rank dumps on demand, nothing is wrong.

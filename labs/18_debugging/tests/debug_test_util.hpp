@@ -300,7 +300,7 @@ Analysis analyze_written(Comm& comm, const std::string& dir, Fn&& fn,
 // ---------------------------------------------------------------- the child job
 
 // DTL_JOB(lab18_debug): debug_job on the child's world. args: dir=, fault=, fault_rank=,
-// fault_step=, desync=0|1, steps=, timeout=, grace=.
+// fault_step=, desync=0|1, replica=0|1, steps=, timeout=, grace=.
 inline JobConfig job_config(const std::vector<std::string>& args) {
   using dtl::testing::job_arg;
   JobConfig c;
@@ -309,6 +309,7 @@ inline JobConfig job_config(const std::vector<std::string>& args) {
   c.train.fault.rank = std::stoi(job_arg(args, "fault_rank", "1"));
   c.train.fault.step = std::stoll(job_arg(args, "fault_step", "1"));
   c.train.desync_check = job_arg(args, "desync", "0") == "1";
+  c.train.replica_check = job_arg(args, "replica", "0") == "1";
   c.watchdog.dir = job_arg(args, "dir");
   c.watchdog.timeout_s = std::stod(job_arg(args, "timeout", "1.5"));
   c.watchdog.grace_s = std::stod(job_arg(args, "grace", "1"));
@@ -346,7 +347,7 @@ constexpr double kFaultTimeout = 1.5, kFaultGrace = 1.0, kJobLimit = 40;
 // the job ended by itself (not by run_job's limit), the student's watchdog reported (not the
 // harness's); and prints the measured time from the fault to the report.
 inline FaultRun fault_job(const std::string& what, int ranks, const std::string& fault, int fault_rank,
-                          bool desync = false) {
+                          bool desync = false, bool replica = false) {
   auto comm = named_comm("faults");
   auto scratch_dir = scratch(*comm);
   const std::string& dir = scratch_dir.path();
@@ -354,7 +355,8 @@ inline FaultRun fault_job(const std::string& what, int ranks, const std::string&
   const dtl::testing::JobResult job = dtl::testing::run_job(
       "lab18_debug", ranks,
       {"dir=" + dir, "fault=" + fault, "fault_rank=" + std::to_string(fault_rank), "fault_step=1",
-       std::string("desync=") + (desync ? "1" : "0"), "timeout=" + std::to_string(kFaultTimeout),
+       std::string("desync=") + (desync ? "1" : "0"), std::string("replica=") + (replica ? "1" : "0"),
+       "timeout=" + std::to_string(kFaultTimeout),
        "grace=" + std::to_string(kFaultGrace)},
       kJobLimit, dtl::testing::survivors_live_on_env());
   // How the job ended is the student's run's (MEASURED); what it left (the report, the dumps)
@@ -390,7 +392,8 @@ inline FaultRun fault_job(const std::string& what, int ranks, const std::string&
     r.first = r.report["findings"][0].get<Finding>();
   if (r.report.is_object() && r.fault.is_object())
     r.latency = r.report.value("reported_at", 0.0) - r.fault.value("time", 0.0);
-  if (fault.empty()) return r;
+  // No fault, or a flipped bit that no replica check looks for: the job ends like a healthy one.
+  if (fault.empty() || (fault == "flip" && !replica)) return r;
   EXPECT_FALSE(r.job.timed_out) << what << ": " << r.job.describe();
   EXPECT_EQ(r.job.output.find("exceeded its timeout"), std::string::npos)
       << what << ": the harness's watchdog ended the job before yours: " << r.job.describe();
