@@ -58,7 +58,9 @@ void with_flat(const torch::Tensor& t, Fn&& fn) {
 //
 // The transfers are blocking on purpose. Posting segment k+1 with sendrecv_async while adding
 // segment k was measured slower here: on a CPU the "transfer" is a memcpy by a core, so with one
-// core per rank there is nothing idle to overlap with (on GPUs, copy engines and NICs are).
+// core per rank there is nothing idle to overlap with. On GPUs the NIC moves bytes by itself, but
+// NCCL's copies and reductions are kernels on the SMs: overlap there is cheaper than serialising,
+// not free, since it takes SMs and memory bandwidth from compute (notes/03 and 16).
 constexpr int64_t kSegmentBytes = int64_t{1} << 20;
 
 // Segment k of chunk c = the k-th piece of the same balanced split, applied inside the chunk.
