@@ -101,7 +101,9 @@ std::string Grader::isolation() const {
                       : "WITHOUT the sandbox (--no-sandbox)";
   out +=
       student_.dropped() ? fmt::format(", as user {}", opt_.run_as) : ", as the grader's own user";
-  out += namespaces_ ? ", one PID namespace per job" : ", its leftovers killed after each job";
+  out += !namespaces_        ? ", its leftovers killed after each job"
+         : geteuid() == 0 ? ", one PID namespace per job"
+                          : ", one PID namespace per job (in a user namespace of the grader's user)";
   return out;
 }
 

@@ -83,6 +83,30 @@ long long dir_size(const std::string& dir) {
   _exit(127);
 }
 
+// A new PID namespace for this process's next child. Root unshares it directly. An ordinary
+// user (an instructor's cluster account) first enters a user namespace of its own, where it has
+// the capabilities a PID and a mount namespace need, mapped to itself only (uid and gid inside =
+// outside): the job keeps the caller's identity and files, and its programs, not uid 0 in there,
+// lose those capabilities when they are executed. Kernels or policies that forbid unprivileged
+// user namespaces (a sysctl, AppArmor's restriction on Ubuntu 24.04) fail here: no namespace.
+bool unshare_pid_namespace() {
+  if (geteuid() == 0) return unshare(CLONE_NEWPID) == 0;
+  const uid_t uid = geteuid();
+  const gid_t gid = getegid();
+  if (unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0) return false;
+  auto write_file = [](const char* path, const std::string& text) {
+    const int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    close(fd);
+    return ok;
+  };
+  // setgroups must be denied before an unprivileged process may write its gid map.
+  return write_file("/proc/self/uid_map", std::to_string(uid) + " " + std::to_string(uid) + " 1\n") &&
+         write_file("/proc/self/setgroups", "deny") &&
+         write_file("/proc/self/gid_map", std::to_string(gid) + " " + std::to_string(gid) + " 1\n");
+}
+
 // In the job's first process, PID 1 of its namespace: a mount namespace whose /proc is the PID
 // namespace's (the job sees its own processes only) and whose /dev/shm is an empty tmpfs of
 // `shm_bytes` that vanishes with the job. Mounts made private first, so nothing propagates back.
@@ -100,7 +124,14 @@ bool private_mounts_available() {
   static const bool available = [] {
     if (!pid_namespaces_available()) return false;
     const pid_t pid = fork();
-    if (pid == 0) _exit(unshare(CLONE_NEWPID) == 0 && make_private_mounts(1 << 20) ? 0 : 1);
+    if (pid == 0) {
+      // As a job gets them: the PID namespace here, the mounts in its first process.
+      if (!unshare_pid_namespace()) _exit(1);
+      const pid_t init = fork();
+      if (init == 0) _exit(make_private_mounts(1 << 20) ? 0 : 1);
+      int status = 0;
+      _exit(init > 0 && waitpid(init, &status, 0) == init && WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+    }
     int status = 0;
     return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
            WEXITSTATUS(status) == 0;
@@ -110,9 +141,8 @@ bool private_mounts_available() {
 
 bool pid_namespaces_available() {
   static const bool available = [] {
-    if (geteuid() != 0) return false;
     const pid_t pid = fork();
-    if (pid == 0) _exit(unshare(CLONE_NEWPID) == 0 ? 0 : 1);
+    if (pid == 0) _exit(unshare_pid_namespace() ? 0 : 1);
     int status = 0;
     return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
            WEXITSTATUS(status) == 0;
@@ -145,7 +175,7 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
     if (!namespace_) exec_child(argv, env, limits, launch.as);
     // The job's first process becomes PID 1 of a new namespace: when it ends, the kernel kills
     // everything else in there. This process waits for it and passes its status on.
-    if (unshare(CLONE_NEWPID) != 0) exec_child(argv, env, limits, launch.as);
+    if (!unshare_pid_namespace()) exec_child(argv, env, limits, launch.as);
     const pid_t init = fork();
     if (init == 0) {
       // Where the probe said yes, a failure here stops the job: the sandbox lets it write in

@@ -2,14 +2,16 @@
 // tail.
 //
 // Child processes with a hard timeout: nothing a student's code does can hang the grader or
-// outlive its job. A job that runs student code runs in a PID namespace of its own when the
-// grader is root (Gradescope): when its first process (mpirun) ends, the kernel ends every
+// outlive its job. A job that runs student code runs in a PID namespace of its own (as root, as
+// on Gradescope; as an ordinary user inside a user namespace of its own, mapped to that user
+// alone, where the kernel allows it): when its first process (mpirun) ends, the kernel ends every
 // other process in it, a `setsid` daemon included, and graders running side by side never touch
 // each other's processes. It also gets a mount namespace of its own: a fresh /proc that lists
 // only the job's processes (not other gradings' command lines and directories), and an empty
 // /dev/shm that ends with the job (where NCCL keeps its shared memory within a node; the sandbox
-// may then let the job write there without reaching anyone else's). Without root, the grader is the subreaper of what it starts and kills
-// its own descendants after each job.
+// may then let the job write there without reaching anyone else's). Where no namespace can be
+// made (unprivileged user namespaces forbidden), the grader is the subreaper of what it starts
+// and kills its own descendants after each job.
 #pragma once
 
 #include <string>
@@ -41,8 +43,8 @@ struct Limits {
 
 struct Launch {
   Identity as;                     // drop to this user (needs root)
-  bool own_pid_namespace = false;  // a PID namespace for the job (needs root; else ignored),
-                                   // with a mount namespace: its own /proc and /dev/shm
+  bool own_pid_namespace = false;  // a PID namespace for the job (where one can be made; else
+                                   // ignored), with a mount namespace: its own /proc and /dev/shm
   long long shm_bytes = 1LL << 30;   // the size of the job's own /dev/shm
 };
 
@@ -53,8 +55,8 @@ RunResult run_command(const std::vector<std::string>& argv, int timeout_seconds,
                       const std::vector<std::string>& env = {}, const std::string& cwd = "",
                       const Limits& limits = {}, const Launch& launch = {});
 
-// Whether this process may give jobs PID namespaces of their own (root, and a kernel that allows
-// it: tried once).
+// Whether this process may give jobs PID namespaces of their own (root, or an ordinary user
+// through a user namespace, where the kernel allows it: tried once).
 bool pid_namespaces_available();
 
 // Whether those jobs also get their own /proc and /dev/shm (a mount namespace: tried once).
