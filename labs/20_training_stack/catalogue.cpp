@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (fmt >= 11 declares it here only)
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -689,65 +691,151 @@ torch::optim::AdamWParamState& adamw_state(torch::optim::Optimizer& opt, const t
   return *adamw;
 }
 
-lab17::Snapshot snapshot_of(int64_t step, const Plan& plan, const std::vector<std::string>& names,
-                            const std::vector<torch::Tensor>& params, torch::optim::Optimizer& adamw,
-                            int world, std::vector<torch::Tensor>& steps) {
-  DTL_CHECK(names.size() == params.size(),
-            fmt::format("training state: {} names for {} parameters", names.size(), params.size()));
+// A problem found on any rank raises the same dtl::Error on every rank (collective).
+void raise_if_any_rank(Comm& comm, const std::string& mine) {
+  for (const std::string& e : lab17::all_gather_strings(comm, mine)) DTL_CHECK(e.empty(), e);
+}
+
+// What every rank lists about the serial tensors it holds: name -> (shape, dtype).
+using Catalogue = std::map<std::string, std::pair<std::vector<int64_t>, std::string>>;
+
+// The union of every rank's serial tensors (collective over comm): every rank lists every name,
+// so that lab 17 sees the same names in the same order on every rank. A name with two shapes or
+// dtypes on two ranks is an error on every rank.
+Catalogue all_serial_tensors(const std::vector<torch::Tensor>& params,
+                             const std::vector<SerialBox>& boxes, Comm& comm) {
+  nlohmann::json mine = nlohmann::json::object();
+  for (size_t i = 0; i < boxes.size(); ++i)
+    mine[boxes[i].name] = {{"shape", boxes[i].shape},
+                           {"dtype", lab17::safetensors_dtype(params[i].scalar_type())}};
+  Catalogue all;
+  std::string error;
+  for (const std::string& text : lab17::all_gather_strings(comm, mine.dump())) {
+    const nlohmann::json theirs = nlohmann::json::parse(text);
+    for (auto e = theirs.begin(); e != theirs.end(); ++e) {
+      const std::string& name = e.key();
+      const std::pair<std::vector<int64_t>, std::string> entry = {
+          e->at("shape").get<std::vector<int64_t>>(), e->at("dtype").get<std::string>()};
+      const auto [it, fresh] = all.emplace(name, entry);
+      if (!fresh && it->second != entry && error.empty())
+        error = fmt::format("training state: the ranks disagree on the serial tensor '{}' "
+                            "(shape {} or {})", name, fmt::join(it->second.first, "x"),
+                            fmt::join(entry.first, "x"));
+    }
+  }
+  DTL_CHECK(error.empty(), error);
+  return all;
+}
+
+// The tensors of the training state as a lab 17 Snapshot: each serial tensor's box from this
+// rank's first parameter of that name (an empty box when it holds none, or, when saving, when
+// it does not write it), for the parameter and its two moments. `twins` gets the (first,
+// other) parameter indices of one name on this rank (tied copies): a load copies the first's
+// state into the other.
+lab17::Snapshot snapshot_of(int64_t step, const Plan* plan,
+                            const std::vector<torch::Tensor>& params,
+                            const std::vector<SerialBox>& boxes, torch::optim::Optimizer& adamw,
+                            Comm& comm, bool saving,
+                            std::vector<std::pair<size_t, size_t>>& twins) {
+  DTL_CHECK(boxes.size() == params.size(),
+            fmt::format("training state: {} boxes for {} parameters", boxes.size(), params.size()));
+  std::map<std::string, size_t> first;  // serial name -> this rank's first parameter of it
+  std::string error;
+  for (size_t i = 0; i < params.size() && error.empty(); ++i) {
+    const SerialBox& b = boxes[i];
+    const std::vector<int64_t> box = b.box.empty() ? params[i].sizes().vec() : b.box;
+    int64_t numel = 1;
+    for (int64_t k : box) numel *= k;
+    if (b.offset.size() != b.shape.size() || box.size() != b.shape.size() ||
+        numel != params[i].numel())
+      error = fmt::format("training state: the box of '{}' (offset [{}], box [{}]) does not "
+                          "describe a parameter of {} elements in a tensor of shape [{}]",
+                          b.name, fmt::join(b.offset, ", "), fmt::join(box, ", "),
+                          params[i].numel(), fmt::join(b.shape, ", "));
+    const auto [it, fresh] = first.emplace(b.name, i);
+    if (!fresh && error.empty()) {
+      const SerialBox& a = boxes[it->second];
+      const std::vector<int64_t> a_box = a.box.empty() ? params[it->second].sizes().vec() : a.box;
+      if (a.offset != b.offset || a.shape != b.shape || a_box != box)
+        error = fmt::format("training state: this rank holds two boxes of '{}' (a tied copy "
+                            "must be the same box)", b.name);
+      twins.emplace_back(it->second, i);
+    }
+  }
+  raise_if_any_rank(comm, error);
+  const Catalogue all = all_serial_tensors(params, boxes, comm);
+
   lab17::Snapshot s;
   s.step = step;
-  s.layout = plan.describe();
-  s.counters = {{"step", step},         {"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp},
-                {"cp", plan.cp},        {"world", world}};
-  steps.clear();
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto& st = adamw_state(adamw, params[i]);
-    steps.push_back(torch::tensor({st.step()}, torch::kInt64));
-    s.per_rank.push_back({"param/" + names[i], params[i].detach()});
-    s.per_rank.push_back({"exp_avg/" + names[i], st.exp_avg()});
-    s.per_rank.push_back({"exp_avg_sq/" + names[i], st.exp_avg_sq()});
-    s.per_rank.push_back({"adam_step/" + names[i], steps.back()});
+  if (plan) {
+    s.layout = plan->describe();
+    s.counters = {{"tp", plan->tp}, {"pp", plan->pp}, {"dp", plan->dp}, {"cp", plan->cp}};
   }
+  s.counters["step"] = step;
+  s.counters["world"] = comm.size();
+  int64_t adam_step = 0;
+  for (const auto& p : params) adam_step = std::max(adam_step, adamw_state(adamw, p).step());
+  s.counters["adam_step"] = adam_step;
+  const std::array<std::string, 3> kinds = {"param/", "exp_avg/", "exp_avg_sq/"};
+  for (size_t k = 0; k < kinds.size(); ++k)
+    for (const auto& [name, entry] : all) {
+      const auto& [shape, dtype] = entry;
+      lab17::ShardedTensor t{kinds[k] + name, shape, 0, torch::Tensor(),
+                             std::vector<int64_t>(shape.size(), 0)};
+      const auto it = first.find(name);
+      if (it != first.end() && (!saving || boxes[it->second].writes)) {
+        const SerialBox& b = boxes[it->second];
+        const torch::Tensor& p = params[it->second];
+        auto& st = adamw_state(adamw, p);
+        const torch::Tensor of = k == 0 ? p.detach() : k == 1 ? st.exp_avg() : st.exp_avg_sq();
+        t.local = b.box.empty() ? of : of.view(b.box);
+        t.box_offset = b.offset;
+      } else {  // nothing of it here (or another rank writes it): an empty box
+        t.local = torch::empty(std::vector<int64_t>(shape.size(), 0),
+                               torch::TensorOptions()
+                                   .dtype(lab17::dtype_from_safetensors(dtype))
+                                   .device(comm.device()));
+      }
+      s.sharded.push_back(std::move(t));
+    }
   return s;
 }
 
 }  // namespace
 
 std::string save_training_state(const std::string& dir, int64_t step, const Plan& plan,
-                                const std::vector<std::string>& names,
                                 const std::vector<torch::Tensor>& params,
+                                const std::vector<SerialBox>& boxes,
                                 torch::optim::Optimizer& adamw, Comm& comm) {
-  std::vector<torch::Tensor> steps;
-  const lab17::Snapshot s = snapshot_of(step, plan, names, params, adamw, comm.size(), steps);
+  std::vector<std::pair<size_t, size_t>> twins;
+  const lab17::Snapshot s = snapshot_of(step, &plan, params, boxes, adamw, comm, true, twins);
   return lab17::save(dir, s, comm);
 }
 
-int64_t load_training_state(const std::string& dir, const Plan& plan,
-                            const std::vector<std::string>& names,
-                            const std::vector<torch::Tensor>& params,
-                            torch::optim::Optimizer& adamw, Comm& comm) {
+int64_t load_training_state(const std::string& dir, const std::vector<torch::Tensor>& params,
+                            const std::vector<SerialBox>& boxes, torch::optim::Optimizer& adamw,
+                            Comm& comm) {
   if (lab17::latest(dir).empty()) return -1;
-  std::vector<torch::Tensor> steps;
-  lab17::Snapshot s = snapshot_of(0, plan, names, params, adamw, comm.size(), steps);
-  // Parameters are leaves that require grad: load writes into detached views of them.
+  std::vector<std::pair<size_t, size_t>> twins;
+  lab17::Snapshot s = snapshot_of(0, nullptr, params, boxes, adamw, comm, false, twins);
+  // Parameters are leaves that require grad: load writes into detached views of them. Any
+  // plan, any world size: lab 17 fills each box from the saved boxes it overlaps.
+  lab17::LoadOptions options;
+  options.allow_reshard = true;
   lab17::LoadResult r;
   try {
-    r = lab17::load(dir, s, comm);
+    r = lab17::load(dir, s, comm, options);
   } catch (const dtl::Error& e) {
-    DTL_CHECK(false, fmt::format("training state: the checkpoint in {} does not match this plan "
-                                 "({}): {}", dir, plan.describe(), e.what()));
+    DTL_CHECK(false, fmt::format("training state: the checkpoint in {} does not fit this "
+                                 "model: {}", dir, e.what()));
   }
-  const std::map<std::string, int64_t> want = {{"tp", plan.tp}, {"pp", plan.pp}, {"dp", plan.dp},
-                                               {"cp", plan.cp}, {"world", comm.size()}};
-  for (const auto& [key, value] : want) {
-    const auto it = s.counters.find(key);
-    DTL_CHECK(!r.resharded && it != s.counters.end() && it->second == value,
-              fmt::format("training state: the checkpoint in {} was written by another plan or "
-                          "world size ({} there, {} here)",
-                          r.directory, it == s.counters.end() ? -1 : it->second, value));
+  torch::NoGradGuard no_grad;
+  for (const auto& [a, b] : twins) {  // a tied copy gets what its first holder loaded
+    params[b].copy_(params[a]);
+    adamw_state(adamw, params[b]).exp_avg().copy_(adamw_state(adamw, params[a]).exp_avg());
+    adamw_state(adamw, params[b]).exp_avg_sq().copy_(adamw_state(adamw, params[a]).exp_avg_sq());
   }
-  for (size_t i = 0; i < params.size(); ++i)
-    adamw_state(adamw, params[i]).step(steps[i].item<int64_t>());
+  for (const auto& p : params) adamw_state(adamw, p).step(s.counters.at("adam_step"));
   return r.step;
 }
 

@@ -92,6 +92,8 @@ TrainResult train(const Plan& plan, const TrainOptions& options, Comm& world) {
   // get averaged, and over which group?), the global loss, progress line, trace scope,
   // checkpoints (save_training_state / load_training_state). tp and pp together have no ready
   // executor: a stage of lab 09's pieces, run in lab 12's one_f_one_b order over its links.
+  // Checkpoints any plan can resume: a SerialBox for each of this rank's parameters (its serial
+  // name, the box it is of the serial tensor, whether this rank is the one that writes it).
   DTL_UNIMPLEMENTED("lab 20: train (Task 4)");
 }
 

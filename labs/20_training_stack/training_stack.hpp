@@ -4,7 +4,7 @@
 // defines: (given, catalogue.cpp) Cluster, cluster, cluster_names, model_by_name, model_names,
 // Plan, parse_plan, CostModel, mixed_precision, model_flops_per_token, hardware_flops_per_token,
 // PublishedRun, published_runs, calibration_rows, cost_for, published_tokens_per_s, calibrate,
-// HookedOptimizer, save_training_state, load_training_state;
+// HookedOptimizer, SerialBox, save_training_state, load_training_state;
 // (yours, training_stack.cpp) invalid_reason, params_per_gpu, Memory, memory_per_gpu, StepTime,
 // step_time, Estimate, estimate, Ranked, PlanReport, plan, average_gradients, TrainOptions,
 // TrainResult, train.
@@ -438,19 +438,53 @@ class HookedOptimizer : public torch::optim::Optimizer {
   std::function<void()> before_step_;
 };
 
-// Given: lab 17's checkpoint format for a trainer whose every rank holds its own tensors. save:
-// each rank's parameters (by `names`) and their AdamW moments and step as per-rank tensors,
-// `step` and the plan as counters; atomic, collective over `comm`. load: the latest checkpoint
-// in `dir` into the same tensors (the same plan and world size: dtl::Error "plan" otherwise);
-// returns its step, or -1 when there is none. The optimizer must be make_adamw's AdamW.
+// Where one of this rank's parameters sits in the serial model (model::GPT), so that a checkpoint
+// written under one plan loads under any other (PyTorch DCP's chunk metadata, Megatron's
+// dist_checkpointing: a global offset per dimension). The parameter is a box of the serial
+// tensor: it starts at `offset` and, viewed as `box` (param.view(box)), spans box[d] in each
+// dimension d. Examples with tp rank r of t (lab 09's shards; V, d, f divisible by t):
+//   wte.weight (and an untied lm_head.weight)  [V, d]    box [V/t, d] at [r V/t, 0]
+//   blocks.i.attn.proj.weight                  [d, d]    box [d, d/t] at [0, r d/t]
+//   blocks.i.mlp.fc.weight                     [f, d]    box [f/t, d] at [r f/t, 0] (its bias too)
+//   blocks.i.mlp.proj.weight                   [d, f]    box [d, f/t] at [0, r f/t]
+//   blocks.i.attn.qkv.weight                   [3, d, d] box [3, d/t, d] at [0, r d/t, 0]
+//   blocks.i.attn.qkv.bias                     [3, d]    box [3, d/t] at [0, r d/t]
+//   LayerNorms, wpe, the row-parallel biases   the whole tensor at 0 on every tp rank
+// The fused qkv is stored as [3, d, d] (and its bias as [3, d]: the q, k and v sections) under
+// every plan, tp = 1 included: a tp rank's heads are rows of all three sections (lab 09's
+// qkv_rows), one box of that view but none of [3d, d]. The bytes are the serial tensor's either
+// way. (The vocabulary is not padded here: lab 09 refuses V not divisible by t. A trainer that
+// pads it, as Megatron does, must clip its last shard's box to the V real rows.)
+struct SerialBox {
+  std::string name;             // the serial GPT's parameter name: "blocks.0.mlp.fc.weight"
+  std::vector<int64_t> shape;   // the serial tensor's shape as checkpoints store it
+  std::vector<int64_t> offset;  // the box's first element, one entry per dimension of shape
+  std::vector<int64_t> box;     // the parameter viewed as the box; {} = the parameter's own shape
+  // Whether this rank writes the box: exactly one holder of each element does (the lowest rank
+  // holding it: the dp replicas, the tp ranks of a replicated tensor and the tied head's copy on
+  // the last pipeline stage hold the same box and do not write it). Every holder loads it.
+  bool writes = true;
+};
+
+// Given: lab 17's checkpoint format for any plan. save_training_state writes, for each serial
+// tensor <name>, "param/<name>", "exp_avg/<name>" and "exp_avg_sq/<name>" (AdamW's two moments,
+// boxes of the same shape) from the ranks whose SerialBox writes it, so each serial tensor's
+// elements are saved exactly once; `step`, AdamW's step count ("adam_step") and the plan's sizes
+// as counters; atomic, collective over `comm` (lab 17's save). boxes[i] describes params[i]; a
+// rank lists only what it holds (every other serial tensor goes in as an empty box, so that every
+// rank lists the same names, as lab 17 asks). A rank holding two parameters of one name (a tied
+// copy) gives both the same box. load_training_state loads the latest checkpoint in `dir` into
+// every holder of every box, whatever plan and world size saved it (lab 17's resharding load);
+// returns its step, or -1 when there is none. A checkpoint of another model ("model", lab 17's
+// word) or malformed boxes ("box") raise dtl::Error on every rank. The optimizer must be
+// make_adamw's AdamW.
 std::string save_training_state(const std::string& dir, int64_t step, const Plan& plan,
-                                const std::vector<std::string>& names,
                                 const std::vector<torch::Tensor>& params,
+                                const std::vector<SerialBox>& boxes,
                                 torch::optim::Optimizer& adamw, Comm& comm);
-int64_t load_training_state(const std::string& dir, const Plan& plan,
-                            const std::vector<std::string>& names,
-                            const std::vector<torch::Tensor>& params,
-                            torch::optim::Optimizer& adamw, Comm& comm);
+int64_t load_training_state(const std::string& dir, const std::vector<torch::Tensor>& params,
+                            const std::vector<SerialBox>& boxes, torch::optim::Optimizer& adamw,
+                            Comm& comm);
 
 // The mean of every rank's gradient over `dp`, in place, for each of `params` that has one
 // (params whose .grad() is undefined are skipped on every rank alike). The reduction a
@@ -518,7 +552,9 @@ struct TrainResult {
 // Rank 0 prints a progress line (step, loss, tokens/s, MFU) every progress_every steps; each
 // step is a trace scope "step <k>" (dtl::trace, --trace). With a checkpoint_dir: resume from its
 // latest checkpoint when options.resume (losses then start at first_step = the saved step), and
-// save after every checkpoint_every-th step and after the last one (save_training_state).
+// save after every checkpoint_every-th step and after the last one (save_training_state, each
+// parameter described by its SerialBox). A checkpoint of any plan resumes under any other, on any
+// number of ranks: the resumed run continues the serial trajectory (to float rounding).
 TrainResult train(const Plan& plan, const TrainOptions& options, Comm& world);
 
 }  // namespace dtl::lab20

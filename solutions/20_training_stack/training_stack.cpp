@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <set>
 #include <tuple>
@@ -451,23 +452,61 @@ namespace {
 // saves.
 struct Trainer {
   std::function<double(const torch::Tensor& rows, double lr)> step;
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // the serial GPT's names (lab 09, 11 and 12 keep them)
   std::vector<torch::Tensor> params;
   torch::optim::Optimizer* adamw = nullptr;  // null when lab 14's ZeroOptimizer owns the state
   std::vector<std::shared_ptr<void>> keep;   // the modules and optimizers the closures use
 };
 
-// Names of a module's parameters, unique on this rank (a pipeline rank can list the tied
-// embedding's two copies under one name).
 void set_named(Trainer& tr, const std::vector<std::pair<std::string, torch::Tensor>>& named) {
-  std::set<std::string> seen;
   for (const auto& [name, p] : named) {
-    std::string unique = name;
-    for (int k = 2; seen.count(unique); ++k) unique = fmt::format("{}#{}", name, k);
-    seen.insert(unique);
-    tr.names.push_back(unique);
+    tr.names.push_back(name);
     tr.params.push_back(p);
   }
+}
+
+// Where each parameter of this rank sits in the serial GPT, for checkpoints any plan can load.
+// Tensor parallelism splits a tensor along one dimension (lab 09): the dimension where the
+// parameter is smaller than the serial tensor, tp rank r's box starting at r times its size
+// there. The fused qkv is viewed as [3, d, ...] (q, k, v sections), where a rank's heads are one
+// box. Pipeline stages hold whole tensors; data-parallel replicas hold the same boxes.
+std::vector<SerialBox> serial_boxes(const Trainer& tr, const GPTConfig& cfg, Comm& tp, Comm& pp,
+                                    Comm& dp) {
+  std::map<std::string, std::vector<int64_t>> shapes;  // the serial GPT's, by name
+  {
+    model::GPT serial(cfg);
+    for (const auto& item : serial->named_parameters())
+      shapes[item.key()] = item.value().sizes().vec();
+  }
+  std::vector<SerialBox> boxes;
+  for (size_t i = 0; i < tr.params.size(); ++i) {
+    SerialBox b;
+    b.name = tr.names[i];
+    const auto it = shapes.find(b.name);
+    DTL_CHECK(it != shapes.end(),
+              fmt::format("train: '{}' is no parameter of the serial GPT", b.name));
+    b.shape = it->second;
+    b.box = tr.params[i].sizes().vec();
+    if (b.name.find(".attn.qkv.") != std::string::npos) {  // [3d, ...] as [3, d, ...]
+      b.shape[0] /= 3;
+      b.shape.insert(b.shape.begin(), 3);
+      b.box[0] /= 3;
+      b.box.insert(b.box.begin(), 3);
+    }
+    b.offset.assign(b.shape.size(), 0);
+    bool split = false;
+    for (size_t d = 0; d < b.shape.size(); ++d)
+      if (b.box[d] != b.shape[d]) {
+        b.offset[d] = tp.rank() * b.box[d];
+        split = true;
+      }
+    // The lowest rank holding the box writes it: replica 0; tp rank 0 of a replicated tensor;
+    // the first stage's embedding, not the tied head's copy on the last stage.
+    b.writes = dp.rank() == 0 && (split || tp.rank() == 0) &&
+               (b.name != "wte.weight" || pp.rank() == 0);
+    boxes.push_back(std::move(b));
+  }
+  return boxes;
 }
 
 // Runs `loss_of` over the m micro-batches of `rows`, each loss scaled by 1/m so the gradients
@@ -654,7 +693,7 @@ struct TensorPipelineStage {
         keep("lm_head.", *lm_head);
       } else {
         head = lab09::VocabParallelEmbedding(serial->wte->weight, tp);
-        keep("wte#2.", *head);  // the tied head's copy: a name of its own
+        keep("wte.", *head);  // the tied head's copy: the embedding's serial name
       }
     }
   }
@@ -833,9 +872,10 @@ TrainResult train(const Plan& plan, const TrainOptions& o, Comm& world) {
   const double peak = o.peak_flops > 0 ? o.peak_flops : measure_matmul_flops();
 
   TrainResult result;
+  std::vector<SerialBox> boxes;  // where this rank's parameters sit in the serial GPT
+  if (!o.checkpoint_dir.empty()) boxes = serial_boxes(tr, o.model, tp, pp, dp);
   if (!o.checkpoint_dir.empty() && o.resume) {
-    const int64_t saved =
-        load_training_state(o.checkpoint_dir, plan, tr.names, tr.params, *tr.adamw, world);
+    const int64_t saved = load_training_state(o.checkpoint_dir, tr.params, boxes, *tr.adamw, world);
     if (saved >= 0) result.first_step = saved;
   }
   std::vector<double> seconds;
@@ -867,8 +907,8 @@ TrainResult train(const Plan& plan, const TrainOptions& o, Comm& world) {
     const bool last = k + 1 == o.steps;
     if (!o.checkpoint_dir.empty() &&
         (last || (o.checkpoint_every > 0 && (k + 1) % o.checkpoint_every == 0)))
-      result.checkpoint = save_training_state(o.checkpoint_dir, k + 1, plan, tr.names, tr.params,
-                                              *tr.adamw, world);
+      result.checkpoint =
+          save_training_state(o.checkpoint_dir, k + 1, plan, tr.params, boxes, *tr.adamw, world);
   }
   if (o.progress_every > 0 && !result.losses.empty())
     progress.done(fmt::format("loss {:.4f}", result.losses.back()));

@@ -3,17 +3,24 @@
 // single-process oracle of the trainer, the planner's test cases, small helpers.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "dtl/data.hpp"               // defines: SyntheticCorpus, GlobalBatchSampler
 #include "dtl/harness/checks.hpp"     // defines: serial, device, expect_error_mentions
 #include "dtl/harness/scratch.hpp"    // defines: ScratchDir
+#include "dtl/harness/observe.hpp"    // defines: OBSERVE
 #include "dtl/optim.hpp"              // defines: make_adamw
 #include "dtl/runtime.hpp"
 #include "dtl/train.hpp"              // defines: train_step
@@ -235,6 +242,91 @@ inline void expect_follows_serial(const std::string& plan, const TrainOptions& o
   for (size_t k = 0; k < want.size(); ++k)
     EXPECT_NEAR(got.losses[k], want[k], rtol * std::abs(want[k]))
         << plan << ": the loss of step " << k << " differs from single-process training's";
+}
+
+// For each tensor of the checkpoint in `dir` (a step-* directory), read from its manifest, how
+// many of its elements its chunks do not hold exactly once: 0 when the saved boxes tile it (no
+// hole, no element written by two ranks). {"param/wte.weight": 0, "exp_avg/wte.weight": 0, ...}
+inline std::map<std::string, int64_t> elements_not_saved_once(const std::string& dir) {
+  std::ifstream in(std::filesystem::path(dir) / "manifest.json");
+  const nlohmann::json manifest = nlohmann::json::parse(in);
+  std::map<std::string, int64_t> wrong;
+  for (auto t = manifest.at("tensors").begin(); t != manifest.at("tensors").end(); ++t) {
+    torch::Tensor count = torch::zeros(t->at("shape").get<std::vector<int64_t>>(), torch::kInt32);
+    for (const auto& c : t->at("chunks")) {
+      if (!c.contains("box_offset")) {
+        const int64_t offset = c.at("offset").get<int64_t>(), numel = c.at("numel").get<int64_t>();
+        count.view({-1}).narrow(0, offset, numel) += 1;
+        continue;
+      }
+      const auto offset = c.at("box_offset").get<std::vector<int64_t>>();
+      const auto shape = c.at("box_shape").get<std::vector<int64_t>>();
+      torch::Tensor box = count;
+      for (size_t d = 0; d < offset.size(); ++d)
+        box = box.narrow(static_cast<int64_t>(d), offset[d], shape[d]);
+      box += 1;
+    }
+    wrong[t.key()] = (count != 1).sum().item<int64_t>();
+  }
+  return wrong;
+}
+
+// A run saved under one plan resumes under another: `before` trains the first `saved_at` steps of
+// `o` on the first before.gpus() ranks of the world and checkpoints; `after` resumes on the first
+// after.gpus() ranks (fewer or more) and trains to o.steps. Both follow single-process training
+// (the resumed run from the saved step on), and the checkpoint holds every element of every
+// serial tensor and moment exactly once. A constant learning rate after the warm-up, so that the
+// short run and the whole run share their schedule.
+inline void expect_resumes_under(const std::string& before, const std::string& after,
+                                 TrainOptions o, int64_t saved_at, double rtol = 1e-4) {
+  o.optim.min_lr_ratio = 1;
+  const std::vector<double> want = serial_losses(o);
+  auto comm = dtl::testing::fresh_comm();
+  dtl::testing::ScratchDir dir(*comm);
+  const std::string what = before + " -> " + after;
+  // The world's first `ranks` ranks run `plan`; the others wait (for an error too: no hang).
+  auto run_on_first = [&](const std::string& plan, const TrainOptions& opt) {
+    const int ranks = plan_of(plan).gpus();
+    auto group = comm->split(comm->rank() < ranks ? 0 : 1, comm->rank());
+    TrainResult r;
+    try {
+      if (comm->rank() < ranks) r = observed(dtl::lab20::train(plan_of(plan), opt, *group));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": train(" << plan << ") raised: " << e.what();
+    }
+    comm->barrier();
+    return r;
+  };
+  TrainOptions first = o;
+  first.checkpoint_dir = dir.path();
+  first.steps = saved_at;
+  const TrainResult a = run_on_first(before, first);
+  if (comm->rank() < plan_of(before).gpus()) {
+    ASSERT_EQ(a.losses.size(), static_cast<size_t>(saved_at)) << what;
+    for (size_t k = 0; k < a.losses.size(); ++k)
+      EXPECT_NEAR(a.losses[k], want[k], rtol * std::abs(want[k])) << what << ": step " << k;
+  }
+  const std::map<std::string, int64_t> wrong = OBSERVE(
+      elements_not_saved_once(dir / fmt::format("step-{:08d}", saved_at)));
+  {
+    dtl::lab20::GPTConfig cfg = o.model;
+    dtl::model::GPT serial(cfg);
+    EXPECT_EQ(wrong.size(), 3 * serial->named_parameters().size())
+        << what << ": the checkpoint holds param/, exp_avg/ and exp_avg_sq/ of each serial tensor";
+    for (const auto& [name, elements] : wrong)
+      EXPECT_EQ(elements, 0) << what << ": " << elements << " elements of '" << name
+                             << "' are saved twice or never (one writer per box; boxes that tile)";
+  }
+  TrainOptions second = o;
+  second.checkpoint_dir = dir.path();
+  const TrainResult b = run_on_first(after, second);
+  if (comm->rank() < plan_of(after).gpus()) {
+    EXPECT_EQ(b.first_step, saved_at) << what << ": the run must resume at the saved step";
+    ASSERT_EQ(b.losses.size(), want.size() - static_cast<size_t>(saved_at)) << what;
+    for (size_t k = 0; k < b.losses.size(); ++k)
+      EXPECT_NEAR(b.losses[k], want[saved_at + k], rtol * std::abs(want[saved_at + k]))
+          << what << ": step " << saved_at + k << " after resuming under the other plan";
+  }
 }
 
 }  // namespace lab20_test
