@@ -495,7 +495,9 @@ TEST(GradeReplicas, MajorityNotRankZeroAndWorldRanksOfASubComm) {
     if (r == last_odd && odd->size() > 1) p[0].second[9] = 7.0;
     const Raised e = raised_by<DivergenceError>([&] { check_replicas(*odd, p, 3); });
     EXPECT_EQ(e.raised, odd->size() > 1);
-    if (e.raised) EXPECT_EQ(e.finding.ranks, std::vector<int>({last_odd}));
+    if (e.raised) {
+      EXPECT_EQ(e.finding.ranks, std::vector<int>({last_odd}));
+    }
   }
   comm->barrier();
 }
