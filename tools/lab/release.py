@@ -355,10 +355,9 @@ def cmd_gradescope_zip(args):
             keep = lab_closure(stage, lab)
             for sub in ("labs", "solutions", "notes"):
                 for n, name in lab_dirs(stage, sub).items():
-                    if n not in keep:
-                        shutil.rmtree(os.path.join(stage, sub, name), ignore_errors=True)
-                        if os.path.isfile(os.path.join(stage, sub, name)):
-                            os.remove(os.path.join(stage, sub, name))
+                    if n not in keep:  # a lab's folder, or a note's file
+                        path = os.path.join(stage, sub, name)
+                        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
             for n, name in lab_dirs(stage, "grading").items():
                 if n != lab:
                     shutil.rmtree(os.path.join(stage, "grading", name))

@@ -20,12 +20,10 @@ python_with() {
 # otherwise the exact apt-get line to run.
 install_optional() {
   local what=$1; shift
-  local missing=() p sudo=()
+  local missing=() sudo=()
   command -v dpkg-query >/dev/null ||
     die "$what needs the Debian packages $* (or their equivalents; DTL_PYTHON may name a python3 that has them)"
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
+  read -ra missing <<<"$(missing_packages "$@")"
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -ne 0 ]; then
     sudo -n true 2>/dev/null ||
