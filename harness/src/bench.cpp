@@ -66,15 +66,33 @@ void run_all_reduce(benchmark::State& state, Comm& comm,
   // is computed through that channel too: no submission can know the other ranks' inputs
   // without communicating, so one that skips the work, or does it only at the benchmark's size,
   // fails the check instead of winning.
-  uint64_t seed = 0;
-  if (comm.rank() == 0) seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, Runtime::get().control_comm());
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(comm.rank()));
-  const torch::Tensor input = torch::randint(0, 7, {numel}, gen, torch::kFloat32).to(opts.device());
-  torch::Tensor expected = input.cpu().clone();  // a copy: the all-reduce below is in place
-  MPI_Allreduce(MPI_IN_PLACE, expected.data_ptr(), static_cast<int>(numel), MPI_FLOAT, MPI_SUM,
-                Runtime::get().control_comm());
-  expected = expected.to(opts.device());
+  // Drawn once per process and size, then kept: Google Benchmark calls this function again for
+  // every repetition, and drawing 16 MiB of random integers and reducing the expected sum took
+  // two thirds of a repetition at the grader's size. That fixed cost diluted the grader's
+  // whole-process timing (perf.hpp): a ring 3x slower than the reference read as 0.68x. Reusing
+  // the input across repetitions gives a submission nothing new: every timed call of a
+  // repetition already sees the same input (it is restored after each call).
+  struct Cached {
+    int64_t numel = -1;
+    int world = 0;
+    torch::Device device = torch::kCPU;
+    torch::Tensor input, expected;
+  };
+  static Cached& cache = *new Cached;  // never destroyed: no tensor outlives its device at exit
+  const torch::Device device = Runtime::get().device();
+  if (cache.numel != numel || cache.world != comm.size() || cache.device != device) {
+    uint64_t seed = 0;
+    if (comm.rank() == 0) seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+    MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, Runtime::get().control_comm());
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(comm.rank()));
+    const torch::Tensor drawn = torch::randint(0, 7, {numel}, gen, torch::kFloat32);
+    torch::Tensor expected = drawn.clone();  // a copy: the all-reduce below is in place
+    MPI_Allreduce(MPI_IN_PLACE, expected.data_ptr(), static_cast<int>(numel), MPI_FLOAT, MPI_SUM,
+                  Runtime::get().control_comm());
+    cache = {numel, comm.size(), device, drawn.to(opts.device()), expected.to(opts.device())};
+  }
+  const torch::Tensor& input = cache.input;
+  const torch::Tensor& expected = cache.expected;
   torch::Tensor t = input.clone();
   try {
     all_reduce(small_warm_up ? torch::ones({1}, opts) : t);
@@ -94,11 +112,14 @@ void run_all_reduce(benchmark::State& state, Comm& comm,
     if (!wrong && !torch::equal(t, expected)) wrong = true;
     t.copy_(input);
   }
-  // An all-reduce moves at least 2 (n-1)/n of the data per rank (the ring's figure): a result
-  // that arrives with fewer bytes on the wire did not come through this Comm.
-  const double moved = comm.stats().total_wire_bytes() - wire_before;
+  // Every rank must end with every other rank's contribution, so each element crosses the wire
+  // at least 2 (n-1) times in all (the one-way gossip bound: n-1 messages to gather it, n-1 to
+  // spread it; the ring meets it, 2 (n-1)/n of the data per rank). Summed over ranks, not per
+  // rank: recursive doubling at n = 3 sends a third less than that from one rank and more from
+  // another. A result that arrives with fewer bytes on the wire did not come through this Comm.
+  const double moved = sum_over_ranks(comm.stats().total_wire_bytes() - wire_before);
   const double least = static_cast<double>(state.iterations()) * static_cast<double>(numel * 4) *
-                       bus_factor(OpType::AllReduce, comm.size());
+                       bus_factor(OpType::AllReduce, comm.size()) * comm.size();
   const bool too_little = check_wire_bytes && moved < 0.999 * least;
   // Every rank learns whether any rank saw a wrong result, so all of them report alike.
   if (dtl::max_over_ranks(wrong ? 1.0 : 0.0) > 0) {
@@ -107,7 +128,7 @@ void run_all_reduce(benchmark::State& state, Comm& comm,
   }
   if (dtl::max_over_ranks(too_little ? 1.0 : 0.0) > 0) {
     state.SkipWithError("wrong result: the all-reduce moved fewer bytes through the Comm than an "
-                        "all-reduce must (2 (n-1)/n of the data per rank)");
+                        "all-reduce must (2 (n-1) times the data, summed over the ranks)");
     return;
   }
   set_bandwidth_counters(state, static_cast<double>(numel * 4), bus_factor(OpType::AllReduce, comm.size()));
