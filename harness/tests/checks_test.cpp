@@ -2,6 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "dtl/harness/checks.hpp"
 #include "dtl/harness/prefill.hpp"
 #include "dtl/perf.hpp"
@@ -64,6 +66,33 @@ TEST(Checks, EqualIsBitwise) {
   EXPECT_FALSE(dtl::testing::tensors_equal(torch::ones({3}), torch::ones({3}) + 1e-7));
   EXPECT_THAT(dtl::testing::tensors_equal(torch::full({1}, -0.0), torch::zeros({1})).message(),
               HasSubstr("bits differ"));
+}
+
+// A large tensor is compared by its digest: any change of its bytes must change it. Every single
+// bit of a word-aligned stretch and of the tail, and pairs of sign flips (the differences a
+// weak word-wise hash cancels), at every alignment of the second flip; equal bytes, equal digest.
+TEST(Checks, LargeTensorDigestSeesEveryChange) {
+  namespace t = dtl::testing;
+  const int64_t n = t::TensorBits::kWholeBytes / 4 + 3;  // over the threshold, with a tail
+  const auto base = torch::randn({n}, torch::TensorOptions().dtype(torch::kFloat32));
+  const auto digest_of = [](const torch::Tensor& x) {
+    const auto b = t::TensorBits::of(x);
+    EXPECT_FALSE(b.whole);
+    return b.digest;
+  };
+  const uint64_t d0 = digest_of(base);
+  EXPECT_EQ(digest_of(base.clone()), d0);
+  std::set<uint64_t> seen{d0};
+  auto flipped = [&](std::initializer_list<std::pair<int64_t, int>> bits) {
+    auto x = base.clone();
+    auto* words = static_cast<uint32_t*>(x.data_ptr());
+    for (auto [i, bit] : bits) words[i] ^= uint32_t{1} << bit;
+    return digest_of(x);
+  };
+  for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{7}, n / 2, n - 4, n - 1})
+    for (int bit = 0; bit < 32; ++bit) EXPECT_TRUE(seen.insert(flipped({{i, bit}})).second) << i << " " << bit;
+  for (int64_t j = 1; j <= 16; ++j)
+    EXPECT_TRUE(seen.insert(flipped({{1, 31}, {1 + j, 31}})).second) << "sign flips at 1 and " << 1 + j;
 }
 
 TEST(Checks, SameOnAllRanksDetectsTheOddRankOut) {
