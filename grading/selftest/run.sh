@@ -12,7 +12,7 @@
 # start-up, timeouts, watchdogs).
 #   DTL_SELFTEST_ONLY="segv deadlock"  runs only those cases (and the Gradescope one if named)
 #   DTL_SELFTEST_DIR=DIR               works in DIR and keeps it (logs, results, scratch builds)
-#   DTL_SELFTEST_LANES=N               parallel lanes after the timed cases (default 1: serial)
+#   DTL_SELFTEST_LANES=N               parallel lanes after the timed cases (default 2)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 if [ -n "${DTL_SELFTEST_DIR:-}" ]; then
@@ -379,8 +379,9 @@ rest=(gradescope:38 deadlock:37 partial:35 segv:28 nocompile:28 skeleton:27 slee
       cheat_stream:19 cheat_report:15 flood:13 honest_idioms:13 destructor:12 cheat_process:12 \
       cheat_spawn:11 daemon:9 cheat_object:7 cheat_source:4 cheat_asmlabel:2 cheat_private:2 \
       cheat_symlink:1)
-# Two lanes by default: most of a grading is waiting (process start-up, timeouts, watchdogs), and
-# a second lane's scratch build costs about a minute of compiling (ccache: the runtime's objects
+# Two lanes by default: one grading alone leaves a core idle part of the time (timeouts, watchdogs,
+# a single-process listing), two keep both of a 2-core machine's busy; more only share the same
+# cores. A lane's scratch build costs about a minute of compiling (ccache: the runtime's objects
 # come from the cache, only the precompiled headers and links are new).
 lanes=${DTL_SELFTEST_LANES:-2}
 [ "$lanes" -ge 1 ] 2>/dev/null || lanes=1

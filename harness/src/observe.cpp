@@ -171,8 +171,8 @@ std::pair<torch::ScalarType, std::vector<int64_t>> get_shape(Reader& r) {
 // A 64-bit digest for equality of large tensors, not a cryptographic one: a worker that wants
 // the driver's digest must produce the right bytes first (it could write any digest it likes),
 // so what matters is that different bytes almost never agree, and speed: the driver digests
-// every large tensor its tests observe, and byte-at-a-time FNV-1a took a third of a grading
-// test's time. XXH64's round over four independent lanes of 8-byte words (the multiplies
+// every large tensor its tests observe, and byte-at-a-time FNV-1a was the hottest function in
+// a grading's profile. XXH64's round over four independent lanes of 8-byte words (the multiplies
 // overlap; the rotation feeds every bit back into the low ones, so two sign flips cannot cancel
 // as they would in a word-wide FNV), a byte loop for the tail, splitmix64's finalizer at the end.
 uint64_t mix64(uint64_t x) {
