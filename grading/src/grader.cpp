@@ -322,10 +322,31 @@ std::string Grader::audit(const Rubric& r, LabResult& lab) {
 // the test main), from the reference's binary when there is one: the student's process cannot
 // shrink the list (a rewritten --gtest_filter runs fewer tests, and every missing test counts as
 // failed), and no student code runs to produce it.
+//
+// A trusted binary's list is also kept on disk, in the build's grade-cache/, under the binary's
+// name, size and modification time: grading a class (or the self-test's submissions) asks the
+// same reference binary once per submission, and each asking loads LibTorch (0.8 s of CPU).
+// A rebuilt binary has another time, so another entry. The student's binaries are asked anew.
 const std::vector<std::string>& Grader::listing(const std::string& exe) {
   auto cached = listings_.find(exe);
   if (cached != listings_.end()) return cached->second;
   const bool untrusted = student() && exe.find("_student") != std::string::npos;
+  fs::path on_disk;
+  if (!untrusted) {
+    std::error_code ec;
+    const auto size = fs::file_size(exe, ec);
+    const auto time =
+        static_cast<uint64_t>(fs::last_write_time(exe, ec).time_since_epoch().count());
+    if (!ec) {
+      on_disk = fs::path(opt_.build) / "grade-cache" /
+                fmt::format("{}-{}-{:x}.tests", fs::path(exe).filename().string(), size, time);
+      std::ifstream in(on_disk);
+      std::vector<std::string> names;
+      for (std::string line; std::getline(in, line);)
+        if (!line.empty()) names.push_back(line);
+      if (!names.empty()) return listings_[exe] = names;
+    }
+  }
   std::vector<std::string> cmd;
   std::string dir;
   if (untrusted) {
@@ -355,6 +376,18 @@ const std::vector<std::string>& Grader::listing(const std::string& exe) {
       test = test.substr(0, test.find(' '));  // drop "  # GetParam() = ..."
       names.push_back(suite + test);
     }
+  }
+  if (!on_disk.empty() && res.exit_code == 0 && !names.empty()) {
+    // Written whole, then renamed: a grading beside this one reads all of it or nothing.
+    std::error_code ec;
+    fs::create_directories(on_disk.parent_path(), ec);
+    const fs::path tmp = on_disk.string() + fmt::format(".{}", ::getpid());
+    {
+      std::ofstream out(tmp);
+      for (const auto& n : names) out << n << "\n";
+    }
+    fs::rename(tmp, on_disk, ec);
+    if (ec) fs::remove(tmp, ec);
   }
   return listings_[exe] = names;
 }
