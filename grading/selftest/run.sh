@@ -84,6 +84,19 @@ case_correct() {
   # full marks, and the file I/O appears in the integrity report only.
   expect correct "output contains 'does file I/O'"
   expect correct "output contains 'ignored (not in the allow-list): grader_hack.cpp notes.txt'"
+  # The reference binaries' test lists the grader kept (grader.cpp, grade-cache/): each the
+  # binary's own listing, read as the grader reads it (a kept list that lost a test would let a
+  # submission skip it).
+  want correct || return 0
+  local kept bin n=0
+  for kept in "$DTL_SCRATCH"/build/grade-cache/*.tests; do
+    [ -f "$kept" ] || continue
+    bin="$DTL_SCRATCH/build/bin/$(basename "$kept" | sed 's/-[0-9]*-[0-9a-f]*\.tests$//')"
+    if "$bin" --gtest_list_tests | awk '/^[^ ].*\.$/ { s = $1 } /^  / { print s $1 }' |
+       cmp -s - "$kept"; then n=$((n + 1)); else fail "correct: $kept is not $bin's listing"; fi
+  done
+  if [ "$n" -gt 0 ]; then echo "ok   correct: $n kept test list(s), each the binary's own"
+  else fail "correct: the grader kept no test list"; fi
 }
 # One interleaved round each for the clear-cut performance cases (0.3x, a wrong result: a ratio
 # over the bar still takes a second); the honest submission gets the default three, whose median

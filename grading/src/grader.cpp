@@ -333,11 +333,11 @@ const std::vector<std::string>& Grader::listing(const std::string& exe) {
   const bool untrusted = student() && exe.find("_student") != std::string::npos;
   fs::path on_disk;
   if (!untrusted) {
-    std::error_code ec;
-    const auto size = fs::file_size(exe, ec);
+    std::error_code size_ec, time_ec;
+    const auto size = fs::file_size(exe, size_ec);
     const auto time =
-        static_cast<uint64_t>(fs::last_write_time(exe, ec).time_since_epoch().count());
-    if (!ec) {
+        static_cast<uint64_t>(fs::last_write_time(exe, time_ec).time_since_epoch().count());
+    if (!size_ec && !time_ec) {
       on_disk = fs::path(opt_.build) / "grade-cache" /
                 fmt::format("{}-{}-{:x}.tests", fs::path(exe).filename().string(), size, time);
       std::ifstream in(on_disk);

@@ -89,7 +89,7 @@ void run_all_reduce(benchmark::State& state, Comm& comm,
     torch::Tensor expected = drawn.clone();  // a copy: the all-reduce below is in place
     MPI_Allreduce(MPI_IN_PLACE, expected.data_ptr(), static_cast<int>(numel), MPI_FLOAT, MPI_SUM,
                   Runtime::get().control_comm());
-    cache = {numel, comm.size(), device, drawn.to(opts.device()), expected.to(opts.device())};
+    cache = {numel, comm.size(), device, drawn.to(device), expected.to(device)};
   }
   const torch::Tensor& input = cache.input;
   const torch::Tensor& expected = cache.expected;
