@@ -80,6 +80,8 @@ expect() {
 case_correct() {
   grade correct  # the grader's default rounds (3): an honest submission is timed as in production
   expect correct "score == max"
+  # Measured and given its points: "not measured" (a maximum of 0) would also make score == max.
+  expect correct "performance > 0"
   # Honest standard-library code (threads, shared mutexes, timed waits, fstreams) is part of it:
   # full marks, and the file I/O appears in the integrity report only.
   expect correct "output contains 'does file I/O'"

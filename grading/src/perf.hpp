@@ -7,11 +7,12 @@
 // rest the start-up (MPI, LibTorch) every binary pays. The student's binary runs with the high
 // count only, the same arguments every time (it cannot tell one timed run from another, so it
 // cannot shape a difference); its time per repetition is its run less that start-up. Student and
-// reference runs alternate, the order flipping every round; the score compares medians per
-// repetition. A student time no longer than the start-up alone is the student's failure. When
-// the reference's own rounds disagree by more than half (a busy machine) and the result is under
-// the bar, more rounds are taken; if the machine stays that noisy the check is "not measured":
-// no points given or taken (its maximum is 0 in that result), flagged for the instructor. The
+// reference runs alternate, the order flipping every round; the score compares each side's
+// fastest run per repetition (interference only adds time). A student time no longer than the
+// start-up alone is the student's failure. Until the reference's two fastest runs agree within
+// half (a busy machine), and under the bar until the student's do too, more rounds are taken; if
+// the reference's never agree the check is "not measured": no points given or taken (its
+// maximum is 0 in that result), flagged for the instructor. The
 // benchmark's own check that every timed call computed the right result runs inside the
 // student's process (an in-process check).
 #pragma once
