@@ -382,8 +382,9 @@ lane() {
   local name=$1; shift
   export DTL_SCRATCH="$work/scratch-$name"
   [ "$name" = 0 ] && DTL_SCRATCH="$work/scratch-timed"  # lane 0 goes on in the timed one's build
-  local c
+  local c start=$SECONDS
   for c in "$@"; do "case_$c"; done
+  echo "(lane $name: $((SECONDS - start)) s)"
 }
 # The timed cases first, one at a time: nothing else may run while the grader measures.
 lane timed correct slow repcheat benchcheat localsum
