@@ -131,9 +131,29 @@ PerfResult PerfRunner::run(const PerfCheck& c, const std::string& mine, const st
   auto ref_per = [&] { return (fastest(ref_hi) - fastest(ref_lo)) / (hi - lo); };
   auto startup = [&] { return std::max(0.0, fastest(ref_lo) - lo * ref_per()); };
   auto mine_per = [&] { return (fastest(mine_total) - startup()) / hi; };
-  auto ratio_now = [&] {
+  // Time per repetition, the reference's over yours, from each side's fastest runs.
+  auto fastest_ratio = [&]() -> double {
     const double s = mine_per(), r = ref_per();
-    return s > 0 && r > 0 ? r / s : NAN;  // time per repetition: the reference's over yours
+    return s > 0 && r > 0 ? r / s : NAN;
+  };
+  // The same round by round (median over rounds): a round's runs follow one another, so a slow
+  // spell that covers the whole round slows both sides alike. It rescues an honest submission
+  // whose fastest run still fell in a spell (the fastest-run ratio read 0.76x in one grading);
+  // fastest runs rescue the rounds a spell split. Neither can exceed your code's real speed by
+  // anything you do: a run can be made slower, not faster.
+  auto paired_ratio = [&] {
+    std::vector<double> r;
+    const double s0 = startup();
+    for (size_t k = 0; k < std::min(ref_hi.size(), mine_total.size()); ++k) {
+      const double ref_k = (ref_hi[k] - ref_lo[k]) / (hi - lo), mine_k = (mine_total[k] - s0) / hi;
+      if (ref_k > 0 && mine_k > 0) r.push_back(ref_k / mine_k);
+    }
+    return median(r);
+  };
+  auto ratio_now = [&]() -> double {
+    const double f = fastest_ratio(), q = paired_ratio();
+    if (std::isnan(f)) return NAN;  // your fastest run no longer than the start-up alone
+    return std::isnan(q) ? f : std::max(f, q);
   };
   // Whether a side's fastest time was seen twice: its two fastest runs at the high count, less
   // the start-up, differ by this factor (1 with a single run). Over 1.5, its fastest could be a
@@ -186,13 +206,15 @@ PerfResult PerfRunner::run(const PerfCheck& c, const std::string& mine, const st
   p.output += fmt::format(
       "timed by the grader: {:.3f} s per repetition yours (the fastest of {} runs of {} "
       "repetitions, less the {:.2f} s of start-up the reference's runs show), {:.3f} s the "
-      "reference's (its fastest runs of {} and {} repetitions; {}), interleaved: {:.2f} x the "
-      "reference's speed, needs {:.2f}\nthe benchmark's own {} (measured in-process, not scored, "
-      "medians): yours {:.4g}, reference {:.4g}\n",
+      "reference's (its fastest runs of {} and {} repetitions; {}): {:.2f} x the reference's "
+      "speed; round by round (median of {}): {:.2f} x; the better counts: {:.2f} x, needs "
+      "{:.2f}\nthe benchmark's own {} (measured in-process, not scored, medians): yours {:.4g}, "
+      "reference {:.4g}\n",
       mine_per(), mine_total.size(), hi, startup(), ref_per(), hi, lo,
       ref_hi.size() < 2 ? std::string("one round")
                         : fmt::format("its two fastest agree within {:.2f}x", noise),
-      p.ratio, c.min_ratio, c.counter, p.student, p.reference);
+      fastest_ratio(), mine_total.size(), paired_ratio(), p.ratio, c.min_ratio, c.counter,
+      p.student, p.reference);
   if (std::isnan(p.ratio)) {
     // Your run took no longer than the start-up alone: not a time any honest run shows.
     p.reason = fmt::format(

@@ -8,7 +8,8 @@
 // count only, the same arguments every time (it cannot tell one timed run from another, so it
 // cannot shape a difference); its time per repetition is its run less that start-up. Student and
 // reference runs alternate, the order flipping every round; the score compares each side's
-// fastest run per repetition (interference only adds time). A student time no longer than the
+// fastest run per repetition (interference only adds time), or the median of the rounds' own
+// ratios where that is better (a slow spell covering a round slows both of its sides). A student time no longer than the
 // start-up alone is the student's failure. Until the reference's two fastest runs agree within
 // half (a busy machine), and under the bar until the student's do too, more rounds are taken; if
 // the reference's never agree the check is "not measured": no points given or taken (its
