@@ -151,7 +151,12 @@ if [ "$slurm" = 1 ]; then
   for _ in $(seq 120); do
     squeue -h -t R -n dtl-grade -o %i | grep -q . && break; sleep 1
   done
-  sleep 10; scancel -n dtl-grade
+  # Cancelled while it grades: as soon as its build of lab 03 has begun (a fixed 10 s once came
+  # after the end: a warm slot grades ada in 10 s on a quick 2-core machine).
+  for _ in $(seq 600); do
+    grep -qs "building lab 03" "$work/cancel/ada/log" && break; sleep 0.2
+  done
+  scancel -n dtl-grade
   wait "$pid" || true
   check "a cancelled job: not graded, CANCELLED" not_graded ada 03 "$work/cancel/gradebook.csv" CANCELLED
   "$lab" grade-class "$work/one" 03 --out "$work/cancel" --slurm -- "${opts[@]}" || true
