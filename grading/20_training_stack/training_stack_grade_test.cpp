@@ -242,9 +242,12 @@ TEST(GradeTrain, MicroBatchesUntiedHeadsAndTensorParallelFour) {
 }
 
 // A checkpoint of one plan resumes under another on fewer ranks: untied heads (the head's boxes),
-// four heads over tp 4, tp x pp x dp layouts down to one rank and back up.
+// four heads over tp 4, tp x pp x dp layouts down to one rank and back up, and an interleaved
+// pipeline (v = 2: each rank holds two chunks, the tied head's copy in the last stage's second).
 TEST(GradeTrain, ResumesUnderAnotherPlanOnFewerRanks) {
   if (dtl::world().size() != 4) GTEST_SKIP() << "4 ranks";
+  expect_resumes_under("pp=2,dp=2,v=2", "tp=2", train_options(5), 2);  // v 2 -> 1, 4 -> 2 ranks
+  expect_resumes_under("tp=2", "pp=2,v=2", train_options(5), 3);       // v 1 -> 2
   TrainOptions untied = train_options(5);
   untied.model.tied_head = false;
   expect_resumes_under("tp=2,dp=2", "pp=2", untied, 2);  // tp 2 -> 1, dp 2 -> 1, pp 1 -> 2

@@ -802,7 +802,8 @@ TEST(Train, ResumesFromItsCheckpoint) {
 
 // A checkpoint holds boxes of the serial model's tensors (SerialBox), so a run saved under one
 // plan resumes under another, on fewer ranks or more, and stays on the serial trajectory:
-// tp 2 -> tp 1, pp 2 -> pp 1, dp 2 -> dp 1 and back, each element saved once.
+// tp 2 -> tp 1, pp 2 -> pp 1, dp 2 -> dp 1 and back, an interleaved pipeline (v = 2) to one
+// rank, each element saved once.
 TEST(Train, ResumesUnderAnotherPlan) {
   const int n = dtl::world().size();
   if (n == 1) GTEST_SKIP() << "another plan needs 2 ranks or more";
@@ -811,6 +812,7 @@ TEST(Train, ResumesUnderAnotherPlan) {
     expect_resumes_under("tp=2", "dp=1", o, 3);  // tp 2 -> 1, on one rank
     expect_resumes_under("pp=2", "tp=2", o, 3);  // pp 2 -> 1, tp 1 -> 2
     expect_resumes_under("dp=1", "pp=2", o, 2);  // 1 rank -> 2, pp 1 -> 2
+    expect_resumes_under("pp=2,v=2", "dp=1", o, 3);  // interleaved: two chunks on each rank
   } else {
     expect_resumes_under("tp=2,pp=2", "dp=2", o, 3);  // tp and pp 2 -> 1, dp 1 -> 2, 4 -> 2 ranks
     expect_resumes_under("pp=2,dp=2", "tp=2", o, 3);  // pp and dp 2 -> 1, tp 1 -> 2

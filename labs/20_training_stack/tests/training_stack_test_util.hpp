@@ -302,8 +302,10 @@ inline void expect_resumes_under(const std::string& before, const std::string& a
   first.steps = saved_at;
   const TrainResult a = run_on_first(before, first);
   if (comm->rank() < plan_of(before).gpus()) {
-    ASSERT_EQ(a.losses.size(), static_cast<size_t>(saved_at)) << what;
-    for (size_t k = 0; k < a.losses.size(); ++k)
+    // EXPECT, not ASSERT: a return here on some ranks only would leave the others alone in the
+    // collectives below (the skeleton hung there at 3 ranks until the watchdog).
+    EXPECT_EQ(a.losses.size(), static_cast<size_t>(saved_at)) << what;
+    for (size_t k = 0; k < std::min(a.losses.size(), want.size()); ++k)
       EXPECT_NEAR(a.losses[k], want[k], rtol * std::abs(want[k])) << what << ": step " << k;
   }
   const std::map<std::string, int64_t> wrong = OBSERVE(
@@ -322,8 +324,8 @@ inline void expect_resumes_under(const std::string& before, const std::string& a
   const TrainResult b = run_on_first(after, second);
   if (comm->rank() < plan_of(after).gpus()) {
     EXPECT_EQ(b.first_step, saved_at) << what << ": the run must resume at the saved step";
-    ASSERT_EQ(b.losses.size(), want.size() - static_cast<size_t>(saved_at)) << what;
-    for (size_t k = 0; k < b.losses.size(); ++k)
+    EXPECT_EQ(b.losses.size(), want.size() - static_cast<size_t>(saved_at)) << what;
+    for (size_t k = 0; k < std::min(b.losses.size(), want.size() - saved_at); ++k)
       EXPECT_NEAR(b.losses[k], want[saved_at + k], rtol * std::abs(want[saved_at + k]))
           << what << ": step " << saved_at + k << " after resuming under the other plan";
   }
