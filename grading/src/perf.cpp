@@ -171,13 +171,15 @@ PerfResult PerfRunner::run(const PerfCheck& c, const std::string& mine, const st
       const double q = ratio_now();
       // Settled: the reference's fastest time was seen twice, and then over the bar (points are
       // never given on one reference round: a busy moment during the only round of the
-      // reference once made a 3x slower submission read 2.1x faster), or under it with the
-      // student's fastest seen twice as well (an honest submission whose runs fell in a slow
-      // spell gets more rounds; a slow one gains nothing from them). Otherwise (a busy machine)
+      // reference once made a 3x slower submission read 2.1x faster), or clearly under it (by
+      // more than a third) with the student's fastest seen twice as well (an honest submission
+      // whose runs fell in a slow spell gets more rounds; a slow one gains nothing from them).
+      // A close call under the bar takes every round there is. Otherwise (a busy machine)
       // another interleaved round.
       const bool ref_settled = disagreement(ref_hi) <= 1.5;
+      const bool clearly_under = q < c.min_ratio / 1.5 && disagreement(mine_total) <= 1.5;
       if (!std::isnan(q) && ref_settled &&
-          (q >= c.min_ratio ? ref_hi.size() >= 2 : disagreement(mine_total) <= 1.5))
+          (q >= c.min_ratio ? ref_hi.size() >= 2 : clearly_under))
         break;
     }
     const bool mine_first = i % 2 == 0;  // the order flips every round

@@ -9,13 +9,13 @@
 // cannot shape a difference); its time per repetition is its run less that start-up. Student and
 // reference runs alternate, the order flipping every round; the score compares each side's
 // fastest run per repetition (interference only adds time), or the median of the rounds' own
-// ratios where that is better (a slow spell covering a round slows both of its sides). A student time no longer than the
-// start-up alone is the student's failure. Until the reference's two fastest runs agree within
-// half (a busy machine), and under the bar until the student's do too, more rounds are taken; if
-// the reference's never agree the check is "not measured": no points given or taken (its
-// maximum is 0 in that result), flagged for the instructor. The
-// benchmark's own check that every timed call computed the right result runs inside the
-// student's process (an in-process check).
+// ratios where that is better (a slow spell covering a round slows both of its sides). A student
+// time no longer than the start-up alone is the student's failure. More rounds are taken until
+// the reference's two fastest runs agree within half (a busy machine), and under the bar until
+// the student's do too (a close call under the bar: every round); if the reference's never agree
+// the check is "not measured": no points given or taken (its maximum is 0 in that result),
+// flagged for the instructor. The benchmark's own check that every timed call computed the right
+// result runs inside the student's process (an in-process check).
 #pragma once
 
 #include <string>
