@@ -127,7 +127,9 @@ PerfResult PerfRunner::run(const PerfCheck& c, const std::string& mine, const st
     fig_a.push_back(s.figure);
     return true;
   };
-  auto fastest = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  auto fastest = [](const std::vector<double>& v) -> double {
+    return v.empty() ? NAN : *std::min_element(v.begin(), v.end());  // NAN: no round yet
+  };
   auto ref_per = [&] { return (fastest(ref_hi) - fastest(ref_lo)) / (hi - lo); };
   auto startup = [&] { return std::max(0.0, fastest(ref_lo) - lo * ref_per()); };
   auto mine_per = [&] { return (fastest(mine_total) - startup()) / hi; };
