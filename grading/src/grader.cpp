@@ -364,19 +364,7 @@ const std::vector<std::string>& Grader::listing(const std::string& exe) {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
-  std::vector<std::string> names;
-  std::istringstream lines(res.output);
-  std::string line, suite;
-  while (std::getline(lines, line)) {
-    if (line.empty()) continue;
-    if (line[0] != ' ' && line.back() == '.') {
-      suite = line;
-    } else if (line.rfind("  ", 0) == 0 && !suite.empty()) {
-      std::string test = line.substr(2);
-      test = test.substr(0, test.find(' '));  // drop "  # GetParam() = ..."
-      names.push_back(suite + test);
-    }
-  }
+  const std::vector<std::string> names = gtest_names(res.output);
   if (!on_disk.empty() && res.exit_code == 0 && !names.empty()) {
     // Written whole, then renamed: a grading beside this one reads all of it or nothing.
     std::error_code ec;

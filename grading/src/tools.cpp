@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -101,6 +102,22 @@ bool is_symbol_name(const std::string& name) {
   for (char c : version)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.')) return false;
   return true;
+}
+
+std::vector<std::string> gtest_names(const std::string& listing) {
+  std::vector<std::string> names;
+  std::istringstream lines(listing);
+  std::string line, suite;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    if (line[0] != ' ' && line.back() == '.') {
+      suite = line;
+    } else if (line.rfind("  ", 0) == 0 && !suite.empty()) {
+      std::string test = line.substr(2);
+      names.push_back(suite + test.substr(0, test.find(' ')));
+    }
+  }
+  return names;
 }
 
 }  // namespace dtl::grade

@@ -1,4 +1,4 @@
-// tools.hpp — defines: Identity, run_tool, demangle, is_symbol_name.
+// tools.hpp — defines: Identity, run_tool, demangle, is_symbol_name, gtest_names.
 //
 // The grader starts outside programs (nm, ldd) on files derived from a submission. Nothing of a
 // submission may reach a shell: every tool gets an argument vector, never a command line, and
@@ -30,5 +30,10 @@ std::string demangle(const std::string& name);
 // style suffix) or a mangled C++ name: what a compiler emits for code. Anything else (spaces,
 // quotes, shell syntax) can only come from an asm label and is rejected by the audit.
 bool is_symbol_name(const std::string& name);
+
+// The "Suite.Test" names in a test binary's --gtest_list_tests output: a suite line ends in '.',
+// its tests follow indented by two spaces ("  Name  # GetParam() = ..." keeps "Name"); any other
+// line (a runtime's warning) is skipped.
+std::vector<std::string> gtest_names(const std::string& listing);
 
 }  // namespace dtl::grade

@@ -6,7 +6,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,16 +60,7 @@ int validate_rubrics(const Options& opt) {
       // One listing per binary (each start costs a second or two), filters matched here.
       auto& names = listings[exe.string()];
       if (names.empty()) {
-        auto res = run_command({exe.string(), "--gtest_list_tests"}, 120);
-        std::istringstream lines(res.output);
-        std::string suite;
-        for (std::string line; std::getline(lines, line);) {
-          if (line.empty()) continue;
-          if (line[0] != ' ')
-            suite = line;
-          else
-            names.push_back(suite + line.substr(2, line.find(' ', 2) - 2));
-        }
+        names = gtest_names(run_command({exe.string(), "--gtest_list_tests"}, 120).output);
       }
       int tests = 0;
       for (auto& name : names) tests += filter_matches(g.filter, name);
